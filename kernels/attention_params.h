@@ -91,3 +91,16 @@ struct AttentionParams {
 };
 
 }  // namespace kcache
+
+// Values of KC_MASK and KC_SCORE_MOD in the generated prelude
+// (docs/kernel-contract.md).
+#define KC_MASK_NONE 0
+#define KC_MASK_CAUSAL 1
+#define KC_MASK_SLIDING_WINDOW 2
+#define KC_MASK_DOCUMENT 3
+#define KC_MASK_DRAFTER 4
+#define KC_MASK_EXPR 5
+#define KC_SCORE_NONE 0
+#define KC_SCORE_SOFTCAP 1
+#define KC_SCORE_ALIBI 2
+#define KC_SCORE_EXPR 3
