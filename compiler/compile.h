@@ -1,0 +1,68 @@
+// The compile contract shared by the in-process NVRTC compiler, the isolated
+// worker pool and their fakes: what goes into one compile and what comes out.
+// Plain structs (no protobuf) so the NVRTC/driver layer links with only absl.
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace kcache {
+
+// One NVRTC compile. The toolchain's canonical options (CanonicalNvrtcOptions
+// in compiler/nvrtc.h) and `--gpu-architecture=<arch>` are always added;
+// `extra_options` come after them and are NOT part of the toolchain
+// fingerprint: a caller that uses them must fold them into its cache key.
+struct CompileInput {
+  std::string source;        // CUDA C++ translation unit
+  std::string program_name;  // shown in diagnostics, e.g. "kcache_attn.cu"
+  // Named headers resolved by #include "name" (nvrtcCreateProgram's
+  // headers/includeNames). Ordered, so a compile is reproducible.
+  std::map<std::string, std::string> headers;
+  std::string arch;  // "sm_80", "sm_86", "sm_89", "sm_90", "sm_90a", ...
+  std::vector<std::string> extra_options;
+};
+
+// Per-kernel figures from ptxas's verbose report (--ptxas-options=-v). The
+// driver's view after loading (compiler/cuda_driver.h) is authoritative; this
+// is what compile-only mode records.
+struct KernelReport {
+  std::string name;  // as ptxas names it: the symbol (extern "C" = plain name)
+  int registers = 0;
+  int static_smem_bytes = 0;
+  int stack_frame_bytes = 0;
+  int spill_store_bytes = 0;
+  int spill_load_bytes = 0;
+};
+
+struct CompileOutput {
+  std::string cubin;  // ELF bytes from nvrtcGetCUBIN
+  std::string log;    // NVRTC's full program log (warnings + ptxas report)
+  std::vector<KernelReport> kernels;  // entry functions, in log order
+  absl::Duration wall_time;  // create + compile + fetch, as seen by the compiler
+};
+
+// Anything that compiles a CompileInput: InProcessCompiler (compiler/nvrtc.h),
+// WorkerPool (compiler/worker_pool.h), or a test fake. Implementations are
+// thread-safe.
+//
+// Errors:
+//   InvalidArgument     malformed input (bad arch, option, empty source), or
+//                       an option NVRTC rejects;
+//   FailedPrecondition  the source does not compile; the message carries
+//                       NVRTC's log (the daemon returns it as is);
+//   Unavailable         NVRTC cannot be loaded (message says where it looked);
+//   DeadlineExceeded    the deadline passed before the compile finished;
+//   Internal            NVRTC or a compile worker failed in some other way
+//                       (e.g. "compile worker crashed with signal 6").
+class Compiler {
+ public:
+  virtual ~Compiler() = default;
+  virtual absl::StatusOr<CompileOutput> Compile(const CompileInput& input,
+                                                absl::Time deadline) = 0;
+};
+
+}  // namespace kcache

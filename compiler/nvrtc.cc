@@ -1,0 +1,333 @@
+// NVRTC loader and compile driver. nvrtc.h (the CUDA header) is used only for
+// types and prototypes: every entry point is resolved with dlsym.
+#include "compiler/nvrtc.h"
+
+#include <dlfcn.h>
+#include <limits.h>
+#include <nvrtc.h>
+#include <stdlib.h>
+
+#include <cctype>
+#include <cstdlib>
+#include <utility>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/strip.h"
+
+namespace kcache {
+namespace {
+
+// The one adapter from nvrtcResult to absl::Status. `what` names the call;
+// `detail` (e.g. the compile log) is appended when non-empty.
+absl::Status NvrtcStatus(nvrtcResult r, const char* (*error_string)(nvrtcResult),
+                         absl::string_view what, absl::string_view detail = {}) {
+  if (r == NVRTC_SUCCESS) return absl::OkStatus();
+  std::string msg = absl::StrCat(what, ": ", error_string ? error_string(r) : "nvrtc error",
+                                 " (", static_cast<int>(r), ")");
+  if (!detail.empty()) absl::StrAppend(&msg, "\n", detail);
+  switch (r) {
+    case NVRTC_ERROR_COMPILATION:
+      return absl::FailedPreconditionError(msg);
+    case NVRTC_ERROR_INVALID_OPTION:
+    case NVRTC_ERROR_INVALID_INPUT:
+      return absl::InvalidArgumentError(msg);
+    case NVRTC_ERROR_CANCELLED:
+      return absl::DeadlineExceededError(msg);
+    case NVRTC_ERROR_OUT_OF_MEMORY:
+      return absl::ResourceExhaustedError(msg);
+    default:
+      return absl::InternalError(msg);
+  }
+}
+
+int FlowCallback(void* payload, void* /*reserved*/) {
+  // Returning 1 asks NVRTC to stop; it then fails with NVRTC_ERROR_CANCELLED.
+  return absl::Now() >= *static_cast<const absl::Time*>(payload) ? 1 : 0;
+}
+
+bool IsNumber(absl::string_view s) {
+  if (s.empty()) return false;
+  for (char c : s)
+    if (!std::isdigit(static_cast<unsigned char>(c))) return false;
+  return true;
+}
+
+// "12 bytes smem" style: finds "<N> <unit>" in `text`; -1 when absent.
+int FindCount(absl::string_view text, absl::string_view unit) {
+  size_t pos = text.find(unit);
+  if (pos == absl::string_view::npos) return -1;
+  // Walk back over spaces and digits before the unit.
+  size_t end = pos;
+  while (end > 0 && text[end - 1] == ' ') --end;
+  size_t begin = end;
+  while (begin > 0 && std::isdigit(static_cast<unsigned char>(text[begin - 1]))) --begin;
+  int value = -1;
+  if (begin == end || !absl::SimpleAtoi(text.substr(begin, end - begin), &value)) return -1;
+  return value;
+}
+
+}  // namespace
+
+const std::vector<std::string>& CanonicalNvrtcOptions() {
+  static const auto* const kOptions = new std::vector<std::string>{
+      "-std=c++17",
+      "--device-as-default-execution-space",
+      "--ftz=false",
+      "--prec-div=true",
+      "--prec-sqrt=true",
+      "--fmad=true",
+      // Resource report into the log; does not change the code.
+      "--ptxas-options=-v",
+  };
+  return *kOptions;
+}
+
+absl::Status ValidateArch(absl::string_view arch) {
+  absl::string_view rest = arch;
+  if (!absl::ConsumePrefix(&rest, "sm_")) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("arch: must look like \"sm_90a\", got \"", arch, "\""));
+  }
+  if (!rest.empty() && (rest.back() == 'a' || rest.back() == 'f')) rest.remove_suffix(1);
+  if (!IsNumber(rest) || rest.size() < 2 || rest.size() > 3) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("arch: must look like \"sm_90a\", got \"", arch, "\""));
+  }
+  return absl::OkStatus();
+}
+
+std::vector<KernelReport> ParsePtxasReport(absl::string_view log) {
+  // ptxas -v prints, per function:
+  //   ptxas info    : Compiling entry function 'f' for 'sm_90a'
+  //   ptxas info    : Function properties for f
+  //       8 bytes stack frame, 4 bytes spill stores, 4 bytes spill loads
+  //   ptxas info    : Used 32 registers, used 1 barriers, 1024 bytes smem, 388 bytes cmem[0]
+  // Device functions that are not inlined get "Function properties" blocks
+  // too but no "Used" line; only functions with a "Used" line are reported.
+  std::vector<KernelReport> out;
+  std::string current;           // function whose report is being read
+  KernelReport pending;          // properties seen for `current`
+  bool have_pending = false;
+  for (absl::string_view line : absl::StrSplit(log, '\n')) {
+    line = absl::StripAsciiWhitespace(line);
+    absl::string_view rest = line;
+    if (absl::ConsumePrefix(&rest, "ptxas info")) {
+      rest = absl::StripLeadingAsciiWhitespace(rest);
+      absl::ConsumePrefix(&rest, ":");
+      rest = absl::StripLeadingAsciiWhitespace(rest);
+      absl::string_view name = rest;
+      if (absl::ConsumePrefix(&name, "Compiling entry function '")) {
+        size_t q = name.find('\'');
+        current = std::string(name.substr(0, q));
+        pending = KernelReport{};
+        pending.name = current;
+        have_pending = true;
+      } else if (absl::ConsumePrefix(&name, "Function properties for ")) {
+        current = std::string(absl::StripAsciiWhitespace(name));
+        if (!have_pending || pending.name != current) {
+          pending = KernelReport{};
+          pending.name = current;
+          have_pending = true;
+        }
+      } else if (absl::StartsWith(rest, "Used ") && have_pending) {
+        pending.registers = std::max(0, FindCount(rest, "registers"));
+        pending.static_smem_bytes = std::max(0, FindCount(rest, "bytes smem"));
+        out.push_back(pending);
+        have_pending = false;
+      }
+      continue;
+    }
+    if (have_pending && line.find("bytes stack frame") != absl::string_view::npos) {
+      pending.stack_frame_bytes = std::max(0, FindCount(line, "bytes stack frame"));
+      pending.spill_store_bytes = std::max(0, FindCount(line, "bytes spill stores"));
+      pending.spill_load_bytes = std::max(0, FindCount(line, "bytes spill loads"));
+    }
+  }
+  return out;
+}
+
+struct Nvrtc::Api {
+  decltype(&::nvrtcGetErrorString) GetErrorString;
+  decltype(&::nvrtcVersion) Version;
+  decltype(&::nvrtcCreateProgram) CreateProgram;
+  decltype(&::nvrtcDestroyProgram) DestroyProgram;
+  decltype(&::nvrtcCompileProgram) CompileProgram;
+  decltype(&::nvrtcGetCUBINSize) GetCUBINSize;
+  decltype(&::nvrtcGetCUBIN) GetCUBIN;
+  decltype(&::nvrtcGetProgramLogSize) GetProgramLogSize;
+  decltype(&::nvrtcGetProgramLog) GetProgramLog;
+  decltype(&::nvrtcSetFlowCallback) SetFlowCallback;
+};
+
+Nvrtc::Nvrtc(std::string library_path) : library_path_(std::move(library_path)) {}
+
+Nvrtc::~Nvrtc() {
+  // The library stays loaded: NVRTC keeps process-wide state and unloading
+  // it while another Nvrtc instance may use it buys nothing.
+}
+
+absl::Status Nvrtc::Load() const { return GetApi().status(); }
+
+absl::StatusOr<const Nvrtc::Api*> Nvrtc::GetApi() const {
+  absl::MutexLock lock(&mu_);
+  if (attempted_) {
+    if (!load_status_.ok()) return load_status_;
+    return api_.get();
+  }
+  attempted_ = true;
+
+  std::vector<std::string> candidates;
+  if (!library_path_.empty()) {
+    candidates.push_back(library_path_);
+  } else {
+    candidates = {"libnvrtc.so.13", "libnvrtc.so"};
+    if (const char* home = std::getenv("CUDA_HOME"); home && *home) {
+      candidates.push_back(absl::StrCat(home, "/lib64/libnvrtc.so.13"));
+    }
+    candidates.push_back("/usr/local/cuda/lib64/libnvrtc.so.13");
+  }
+  std::vector<std::string> tried;
+  void* handle = nullptr;
+  for (const std::string& path : candidates) {
+    handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (handle) break;
+    const char* err = dlerror();
+    tried.push_back(absl::StrCat(path, " (", err ? err : "unknown error", ")"));
+  }
+  if (!handle) {
+    load_status_ = absl::UnavailableError(
+        absl::StrCat("NVRTC could not be loaded; tried: ", absl::StrJoin(tried, "; ")));
+    return load_status_;
+  }
+
+  auto api = std::make_unique<Api>();
+  std::vector<std::string> missing;
+  auto resolve = [&](auto& fn, const char* name) {
+    fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(handle, name));
+    if (!fn) missing.push_back(name);
+  };
+  resolve(api->GetErrorString, "nvrtcGetErrorString");
+  resolve(api->Version, "nvrtcVersion");
+  resolve(api->CreateProgram, "nvrtcCreateProgram");
+  resolve(api->DestroyProgram, "nvrtcDestroyProgram");
+  resolve(api->CompileProgram, "nvrtcCompileProgram");
+  resolve(api->GetCUBINSize, "nvrtcGetCUBINSize");
+  resolve(api->GetCUBIN, "nvrtcGetCUBIN");
+  resolve(api->GetProgramLogSize, "nvrtcGetProgramLogSize");
+  resolve(api->GetProgramLog, "nvrtcGetProgramLog");
+  resolve(api->SetFlowCallback, "nvrtcSetFlowCallback");
+  if (!missing.empty()) {
+    dlclose(handle);
+    load_status_ = absl::UnavailableError(
+        absl::StrCat("NVRTC library lacks symbols (too old? need NVRTC >= 12.x): ",
+                     absl::StrJoin(missing, ", ")));
+    return load_status_;
+  }
+  handle_ = handle;
+  api_ = std::move(api);
+  return api_.get();
+}
+
+absl::StatusOr<NvrtcVersion> Nvrtc::Version() const {
+  absl::StatusOr<const Api*> api = GetApi();
+  if (!api.ok()) return api.status();
+  NvrtcVersion v;
+  absl::Status s =
+      NvrtcStatus((*api)->Version(&v.major, &v.minor), (*api)->GetErrorString, "nvrtcVersion");
+  if (!s.ok()) return s;
+  return v;
+}
+
+absl::StatusOr<std::string> Nvrtc::LibraryPath() const {
+  absl::StatusOr<const Api*> api = GetApi();
+  if (!api.ok()) return api.status();
+  Dl_info info;
+  if (dladdr(reinterpret_cast<void*>((*api)->Version), &info) == 0 || !info.dli_fname) {
+    return absl::InternalError("dladdr could not name the loaded NVRTC library");
+  }
+  char resolved[PATH_MAX];
+  if (!realpath(info.dli_fname, resolved)) return std::string(info.dli_fname);
+  return std::string(resolved);
+}
+
+absl::StatusOr<CompileOutput> Nvrtc::Compile(const CompileInput& input,
+                                             absl::Time deadline) const {
+  if (absl::Status s = ValidateArch(input.arch); !s.ok()) return s;
+  if (input.source.empty()) return absl::InvalidArgumentError("source: empty");
+  for (const std::string& opt : input.extra_options) {
+    if (absl::StartsWith(opt, "-arch") || absl::StartsWith(opt, "--gpu-architecture")) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("extra_options: \"", opt, "\": the architecture comes from `arch`"));
+    }
+  }
+  if (absl::Now() >= deadline) {
+    return absl::DeadlineExceededError("compile deadline passed before NVRTC started");
+  }
+  absl::StatusOr<const Api*> api_or = GetApi();
+  if (!api_or.ok()) return api_or.status();
+  const Api& api = **api_or;
+  const absl::Time start = absl::Now();
+
+  std::vector<const char*> header_names, header_sources;
+  for (const auto& [name, contents] : input.headers) {
+    header_names.push_back(name.c_str());
+    header_sources.push_back(contents.c_str());
+  }
+  const std::string name = input.program_name.empty() ? "kcache.cu" : input.program_name;
+  nvrtcProgram prog = nullptr;
+  absl::Status s = NvrtcStatus(
+      api.CreateProgram(&prog, input.source.c_str(), name.c_str(),
+                        static_cast<int>(header_names.size()), header_sources.data(),
+                        header_names.data()),
+      api.GetErrorString, "nvrtcCreateProgram");
+  if (!s.ok()) return s;
+  struct Destroy {
+    const Api& api;
+    nvrtcProgram* prog;
+    ~Destroy() { api.DestroyProgram(prog); }
+  } destroy{api, &prog};
+
+  absl::Time deadline_copy = deadline;  // outlives the compile call below
+  if (deadline != absl::InfiniteFuture()) {
+    s = NvrtcStatus(api.SetFlowCallback(prog, &FlowCallback, &deadline_copy),
+                    api.GetErrorString, "nvrtcSetFlowCallback");
+    if (!s.ok()) return s;
+  }
+
+  const std::string arch_option = absl::StrCat("--gpu-architecture=", input.arch);
+  std::vector<const char*> options;
+  options.push_back(arch_option.c_str());
+  for (const std::string& o : CanonicalNvrtcOptions()) options.push_back(o.c_str());
+  for (const std::string& o : input.extra_options) options.push_back(o.c_str());
+  const nvrtcResult compiled =
+      api.CompileProgram(prog, static_cast<int>(options.size()), options.data());
+
+  CompileOutput out;
+  size_t log_size = 0;
+  if (api.GetProgramLogSize(prog, &log_size) == NVRTC_SUCCESS && log_size > 1) {
+    out.log.resize(log_size);
+    if (api.GetProgramLog(prog, out.log.data()) != NVRTC_SUCCESS) out.log.clear();
+    while (!out.log.empty() && out.log.back() == '\0') out.log.pop_back();
+  }
+  if (compiled != NVRTC_SUCCESS) {
+    return NvrtcStatus(compiled, api.GetErrorString,
+                       absl::StrCat("NVRTC compile of ", name, " for ", input.arch), out.log);
+  }
+  size_t cubin_size = 0;
+  s = NvrtcStatus(api.GetCUBINSize(prog, &cubin_size), api.GetErrorString,
+                  "nvrtcGetCUBINSize");
+  if (!s.ok()) return s;
+  out.cubin.resize(cubin_size);
+  s = NvrtcStatus(api.GetCUBIN(prog, out.cubin.data()), api.GetErrorString, "nvrtcGetCUBIN");
+  if (!s.ok()) return s;
+  out.kernels = ParsePtxasReport(out.log);
+  out.wall_time = absl::Now() - start;
+  return out;
+}
+
+}  // namespace kcache

@@ -1,0 +1,57 @@
+// Toolchain fingerprint: NVRTC version, a digest of the library file, and the
+// canonical options.
+#include "compiler/toolchain.h"
+
+#include <fstream>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "cache/digest.h"
+
+namespace kcache {
+
+std::string ComputeToolchainId(const v1::Toolchain& toolchain) {
+  // Keep in step with cache/key.h's ToolchainId, if the cache grows one:
+  // both must hash the same fields in the same order.
+  Sha256Hasher h;
+  h.UpdateField(toolchain.compiler());
+  h.UpdateField(toolchain.version());
+  h.UpdateField(toolchain.build());
+  h.UpdateField(std::to_string(toolchain.options_size()));
+  for (const std::string& o : toolchain.options()) h.UpdateField(o);
+  const Sha256Digest d = h.Finish();
+  return ToHex(std::string_view(reinterpret_cast<const char*>(d.data()), 8));
+}
+
+v1::Toolchain MakeToolchain(std::string compiler, std::string version, std::string build,
+                            std::vector<std::string> options) {
+  v1::Toolchain t;
+  t.set_compiler(std::move(compiler));
+  t.set_version(std::move(version));
+  t.set_build(std::move(build));
+  for (std::string& o : options) t.add_options(std::move(o));
+  t.set_id(ComputeToolchainId(t));
+  return t;
+}
+
+absl::StatusOr<v1::Toolchain> NvrtcToolchain(const Nvrtc& nvrtc) {
+  absl::StatusOr<NvrtcVersion> version = nvrtc.Version();
+  if (!version.ok()) return version.status();
+  absl::StatusOr<std::string> path = nvrtc.LibraryPath();
+  if (!path.ok()) return path.status();
+
+  std::ifstream in(*path, std::ios::binary);
+  if (!in) return absl::InternalError(absl::StrCat("cannot open NVRTC library ", *path));
+  Sha256Hasher h;
+  std::string buf(1 << 20, '\0');
+  while (in) {
+    in.read(buf.data(), static_cast<std::streamsize>(buf.size()));
+    h.Update(std::string_view(buf.data(), static_cast<size_t>(in.gcount())));
+  }
+  if (in.bad()) return absl::InternalError(absl::StrCat("cannot read NVRTC library ", *path));
+
+  return MakeToolchain("nvrtc", absl::StrCat(version->major, ".", version->minor),
+                       absl::StrCat("sha256:", ToHex(h.Finish())), CanonicalNvrtcOptions());
+}
+
+}  // namespace kcache

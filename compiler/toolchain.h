@@ -1,0 +1,35 @@
+// The toolchain fingerprint: which compiler, which build of it, and which
+// options produced a cubin. Its id is the key prefix under which all entries
+// of one toolchain live, so retiring a toolkit is one range delete.
+//
+// All functions are thread-safe (no shared state besides the Nvrtc passed in).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "compiler/nvrtc.h"
+#include "kcache/v1/record.pb.h"
+
+namespace kcache {
+
+// Hex of the first 8 bytes of SHA-256 over the length-prefixed fields
+// compiler, version, build, the number of options, then each option
+// (Sha256Hasher::UpdateField). Ignores `toolchain.id`.
+std::string ComputeToolchainId(const v1::Toolchain& toolchain);
+
+// Builds a toolchain from explicit fields and fills in its id. Tests use it
+// to put two toolchains on one store; the daemon could use it to pin one.
+v1::Toolchain MakeToolchain(std::string compiler, std::string version, std::string build,
+                            std::vector<std::string> options);
+
+// The fingerprint of the NVRTC that `nvrtc` loads: compiler "nvrtc", version
+// "13.0" (nvrtcVersion), build "sha256:<hex>" of the library file's bytes
+// (stable across machines with the identical toolkit, unlike paths or
+// mtimes), options CanonicalNvrtcOptions(). Reads the ~100 MB library once
+// (a few hundred ms): call it once at start. Unavailable when NVRTC cannot be
+// loaded; Internal when its file cannot be read.
+absl::StatusOr<v1::Toolchain> NvrtcToolchain(const Nvrtc& nvrtc);
+
+}  // namespace kcache

@@ -1,0 +1,157 @@
+// NVRTC with the real library (no GPU needed): compiles, logs, resource
+// reports, errors, and a missing library.
+#include "compiler/nvrtc.h"
+
+#include <thread>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/compiler/test_kernels.h"
+
+namespace kcache {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::SizeIs;
+
+bool IsElf(const std::string& bytes) {
+  return bytes.size() > 4 && bytes.compare(0, 4, "\x7f" "ELF") == 0;
+}
+
+CompileInput Tiny(const std::string& arch) {
+  CompileInput in;
+  in.source = testing::TinyKernelSource();
+  in.program_name = "tiny.cu";
+  in.arch = arch;
+  return in;
+}
+
+class NvrtcTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(NvrtcTest, CompilesTinyKernelAndReportsResources) {
+  Nvrtc nvrtc;
+  absl::StatusOr<CompileOutput> out = nvrtc.Compile(Tiny(GetParam()));
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_TRUE(IsElf(out->cubin));
+  ASSERT_THAT(out->kernels, SizeIs(1)) << out->log;
+  EXPECT_EQ(out->kernels[0].name, "kc_tiny");
+  EXPECT_GT(out->kernels[0].registers, 0);
+  EXPECT_EQ(out->kernels[0].static_smem_bytes, 128 * 4);
+  EXPECT_EQ(out->kernels[0].spill_store_bytes, 0);
+  EXPECT_THAT(out->log, HasSubstr("Used"));
+  EXPECT_GT(out->wall_time, absl::ZeroDuration());
+}
+
+INSTANTIATE_TEST_SUITE_P(Archs, NvrtcTest,
+                         ::testing::Values("sm_80", "sm_86", "sm_89", "sm_90", "sm_90a"));
+
+TEST(NvrtcTest, NamedHeadersAreIncluded) {
+  Nvrtc nvrtc;
+  CompileInput in;
+  in.arch = "sm_80";
+  in.headers["kc_scale.h"] = "#define KC_SCALE 3.0f\n";
+  in.source =
+      "#include \"kc_scale.h\"\n"
+      "extern \"C\" __global__ void kc_scale(float* x) { x[threadIdx.x] *= KC_SCALE; }\n";
+  absl::StatusOr<CompileOutput> out = nvrtc.Compile(in);
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_TRUE(IsElf(out->cubin));
+}
+
+TEST(NvrtcTest, CompileErrorIsFailedPreconditionWithLog) {
+  Nvrtc nvrtc;
+  CompileInput in;
+  in.arch = "sm_90a";
+  in.program_name = "broken.cu";
+  in.source = "extern \"C\" __global__ void k(float* x) { x[0] = undeclared_thing; }\n";
+  absl::StatusOr<CompileOutput> out = nvrtc.Compile(in);
+  ASSERT_EQ(out.status().code(), absl::StatusCode::kFailedPrecondition) << out.status();
+  EXPECT_THAT(out.status().message(), HasSubstr("undeclared_thing"));
+  EXPECT_THAT(out.status().message(), HasSubstr("broken.cu"));
+}
+
+TEST(NvrtcTest, BadArchIsInvalidArgument) {
+  Nvrtc nvrtc;
+  CompileInput in = Tiny("compute_90");
+  EXPECT_EQ(nvrtc.Compile(in).status().code(), absl::StatusCode::kInvalidArgument);
+  in.arch = "sm_90";
+  in.extra_options = {"-arch=sm_80"};
+  EXPECT_EQ(nvrtc.Compile(in).status().code(), absl::StatusCode::kInvalidArgument);
+  in.extra_options = {"--no-such-option"};
+  EXPECT_EQ(nvrtc.Compile(in).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(NvrtcTest, ArchNvrtcDoesNotKnowIsInvalidArgument) {
+  Nvrtc nvrtc;
+  // Well-formed, but not an architecture NVRTC 13 compiles for.
+  EXPECT_EQ(nvrtc.Compile(Tiny("sm_99")).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(NvrtcTest, PassedDeadlineIsDeadlineExceeded) {
+  Nvrtc nvrtc;
+  EXPECT_EQ(nvrtc.Compile(Tiny("sm_80"), absl::InfinitePast()).status().code(),
+            absl::StatusCode::kDeadlineExceeded);
+}
+
+TEST(NvrtcTest, MissingLibraryIsUnavailableAtFirstUse) {
+  Nvrtc nvrtc("/nonexistent/libnvrtc.so.13");  // constructing must not fail
+  absl::StatusOr<CompileOutput> out = nvrtc.Compile(Tiny("sm_80"));
+  EXPECT_EQ(out.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(out.status().message(), HasSubstr("/nonexistent/libnvrtc.so.13"));
+  EXPECT_EQ(nvrtc.Version().status().code(), absl::StatusCode::kUnavailable);
+}
+
+TEST(NvrtcTest, VersionAndPath) {
+  Nvrtc nvrtc;
+  absl::StatusOr<NvrtcVersion> v = nvrtc.Version();
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_GE(v->major, 12);
+  absl::StatusOr<std::string> path = nvrtc.LibraryPath();
+  ASSERT_TRUE(path.ok()) << path.status();
+  EXPECT_THAT(*path, HasSubstr("libnvrtc"));
+}
+
+TEST(NvrtcTest, ConcurrentCompilesOfSeparateProgramsSucceed) {
+  Nvrtc nvrtc;
+  std::vector<std::thread> threads;
+  std::vector<absl::Status> results(4);
+  for (int i = 0; i < 4; ++i) {
+    threads.emplace_back([&, i] {
+      CompileInput in = Tiny(i % 2 ? "sm_80" : "sm_90a");
+      in.source = testing::TinyKernelSource("kc_tiny_" + std::to_string(i));
+      results[i] = nvrtc.Compile(in).status();
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (const absl::Status& s : results) EXPECT_TRUE(s.ok()) << s;
+}
+
+TEST(PtxasReportTest, ParsesEveryField) {
+  const char* log =
+      "ptxas info    : 0 bytes gmem\n"
+      "ptxas info    : Compiling entry function 'kc_a' for 'sm_90a'\n"
+      "ptxas info    : Function properties for kc_a\n"
+      "    16 bytes stack frame, 8 bytes spill stores, 12 bytes spill loads\n"
+      "ptxas info    : Used 168 registers, used 1 barriers, 16384 bytes smem, 400 bytes cmem[0]\n"
+      "ptxas info    : Function properties for helper\n"
+      "    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n"
+      "ptxas info    : Compiling entry function 'kc_b' for 'sm_90a'\n"
+      "ptxas info    : Function properties for kc_b\n"
+      "    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n"
+      "ptxas info    : Used 8 registers, 380 bytes cmem[0]\n";
+  std::vector<KernelReport> r = ParsePtxasReport(log);
+  ASSERT_THAT(r, SizeIs(2));
+  EXPECT_EQ(r[0].name, "kc_a");
+  EXPECT_EQ(r[0].registers, 168);
+  EXPECT_EQ(r[0].static_smem_bytes, 16384);
+  EXPECT_EQ(r[0].stack_frame_bytes, 16);
+  EXPECT_EQ(r[0].spill_store_bytes, 8);
+  EXPECT_EQ(r[0].spill_load_bytes, 12);
+  EXPECT_EQ(r[1].name, "kc_b");
+  EXPECT_EQ(r[1].registers, 8);
+  EXPECT_EQ(r[1].static_smem_bytes, 0);
+}
+
+}  // namespace
+}  // namespace kcache
