@@ -1,0 +1,115 @@
+// Tile configurations for the attention forward template (attention_fwd.cuh).
+// Used on the host by the code generator (to choose KC_BLOCK_M/N, KC_NUM_WARPS,
+// KC_STAGES, the launch's thread count and its dynamic shared memory) and by
+// the template itself under NVRTC (static_asserts). Everything is constexpr
+// and header-only; it includes nothing, so it compiles as host C++17 and
+// under NVRTC alike.
+#pragma once
+
+namespace kcache {
+
+// One tile configuration. threads = num_warps * 32; smem_bytes is the
+// dynamic shared memory the forward kernel needs (attention_fwd.cuh lays it
+// out exactly so). All zero means "unsupported".
+struct AttentionTiles {
+  int block_m;     // query rows per CTA
+  int block_n;     // keys per iteration
+  int num_warps;   // each warp owns block_m / num_warps query rows (16 or 32)
+  int stages;      // K/V shared-memory pipeline depth (cp.async)
+  int smem_bytes;  // dynamic shared memory of kcache_attn_fwd
+};
+
+// Masks that are not analytic (document, drafter, expression) walk a list of
+// non-empty key tiles built in shared memory at the start of each CTA. Up to
+// this many key tiles are classified; beyond it (kv_len > 2048 * block_n)
+// every tile is treated as partial: still correct, no longer sparse.
+constexpr int kAttnMaxListTiles = 2048;
+
+// Shared memory of the mask scratch: the tile list (uint16 each), one int4 of
+// row data per query row, and a few counters.
+constexpr int AttentionScratchBytes(int block_m) {
+  return 2 * kAttnMaxListTiles + 16 * block_m + 16;
+}
+
+// Dynamic shared memory of the forward kernel: Q tile, `stages` K and V
+// tiles, and the mask scratch (always reserved, so that the figure does not
+// depend on the mask kind).
+constexpr int AttentionSmemBytes(int block_m, int block_n, int stages, int dqk, int dv,
+                                 int elem_bytes) {
+  return block_m * dqk * elem_bytes + stages * block_n * (dqk + dv) * elem_bytes +
+         AttentionScratchBytes(block_m);
+}
+
+// Largest dynamic shared memory a block may opt into, per architecture.
+constexpr int AttentionMaxSmemPerBlock(int arch) {
+  return arch == 90 ? 232448 : arch == 80 ? 166912 : (arch == 86 || arch == 89) ? 101376 : 0;
+}
+
+constexpr bool AttentionHeadDimSupported(int d) { return d == 64 || d == 128 || d == 256; }
+
+// Whether a configuration can be compiled and launched. Used for the spec's
+// Tuning overrides. t.smem_bytes is ignored (it is derived: AttentionSmemBytes
+// with 2-byte elements). Rules: rows per warp 16 or 32; block_n 32, 64 or 128;
+// 2..4 stages; the fp32 accumulators of S and O fit the register file
+// (rows_per_warp/16 * (block_n + dv) / 2 <= 192 floats per thread); shared
+// memory within the architecture's limit.
+constexpr bool AttentionTilesLegal(const AttentionTiles& t, int arch, int head_dim_qk,
+                                   int head_dim_v) {
+  if (AttentionMaxSmemPerBlock(arch) == 0) return false;
+  if (!AttentionHeadDimSupported(head_dim_qk) || !AttentionHeadDimSupported(head_dim_v)) {
+    return false;
+  }
+  if (t.num_warps != 4 && t.num_warps != 8) return false;
+  const int rows_per_warp = t.num_warps > 0 ? t.block_m / t.num_warps : 0;
+  if (t.block_m != t.num_warps * rows_per_warp) return false;
+  if (rows_per_warp != 16 && rows_per_warp != 32) return false;
+  if (t.block_n != 32 && t.block_n != 64 && t.block_n != 128) return false;
+  if (t.stages < 2 || t.stages > 4) return false;
+  if ((rows_per_warp / 16) * (t.block_n + head_dim_v) / 2 > 192) return false;
+  // Key-tile indices are packed into 14 bits of the tile list.
+  return AttentionSmemBytes(t.block_m, t.block_n, t.stages, head_dim_qk, head_dim_v, 2) <=
+         AttentionMaxSmemPerBlock(arch);
+}
+
+// Fills in smem_bytes for a configuration (2-byte elements).
+constexpr AttentionTiles MakeAttentionTiles(int block_m, int block_n, int num_warps, int stages,
+                                            int head_dim_qk, int head_dim_v) {
+  return AttentionTiles{block_m, block_n, num_warps, stages,
+                        AttentionSmemBytes(block_m, block_n, stages, head_dim_qk, head_dim_v, 2)};
+}
+
+// The default configuration for a spec, or all zeros when the combination is
+// unsupported. mask_kind is a KC_MASK_* value; is_fp16 selects fp16 over
+// bf16 (both 2-byte, same tiles today).
+constexpr AttentionTiles SelectAttentionTiles(int arch, int head_dim_qk, int head_dim_v,
+                                              int mask_kind, bool is_fp16) {
+  (void)mask_kind;
+  (void)is_fp16;
+  const AttentionTiles zero{0, 0, 0, 0, 0};
+  if (AttentionMaxSmemPerBlock(arch) == 0) return zero;
+  if (!AttentionHeadDimSupported(head_dim_qk) || !AttentionHeadDimSupported(head_dim_v)) {
+    return zero;
+  }
+  const int dmax = head_dim_qk > head_dim_v ? head_dim_qk : head_dim_v;
+  AttentionTiles t = zero;
+  if (arch == 80 || arch == 90) {
+    if (dmax <= 64) {
+      t = MakeAttentionTiles(128, 128, 4, 2, head_dim_qk, head_dim_v);
+    } else if (dmax <= 128) {
+      t = MakeAttentionTiles(128, 64, 4, 2, head_dim_qk, head_dim_v);
+    } else {
+      t = MakeAttentionTiles(64, 32, 4, 2, head_dim_qk, head_dim_v);
+    }
+  } else {  // 86, 89: 99 KB of shared memory per block
+    if (dmax <= 64) {
+      t = MakeAttentionTiles(128, 128, 4, 2, head_dim_qk, head_dim_v);
+    } else if (dmax <= 128) {
+      t = MakeAttentionTiles(64, 64, 4, 2, head_dim_qk, head_dim_v);
+    } else {
+      t = MakeAttentionTiles(64, 32, 4, 2, head_dim_qk, head_dim_v);
+    }
+  }
+  return AttentionTilesLegal(t, arch, head_dim_qk, head_dim_v) ? t : zero;
+}
+
+}  // namespace kcache
