@@ -6,6 +6,13 @@
 // under NVRTC alike.
 #pragma once
 
+// Under NVRTC (and nvcc) these functions must be usable in device code too.
+#if defined(__CUDACC__)
+#define KC_TILES_HD __host__ __device__
+#else
+#define KC_TILES_HD
+#endif
+
 namespace kcache {
 
 // One tile configuration. threads = num_warps * 32; smem_bytes is the
@@ -27,25 +34,25 @@ constexpr int kAttnMaxListTiles = 2048;
 
 // Shared memory of the mask scratch: the tile list (uint16 each), one int4 of
 // row data per query row, and a few counters.
-constexpr int AttentionScratchBytes(int block_m) {
+KC_TILES_HD constexpr int AttentionScratchBytes(int block_m) {
   return 2 * kAttnMaxListTiles + 16 * block_m + 16;
 }
 
 // Dynamic shared memory of the forward kernel: Q tile, `stages` K and V
 // tiles, and the mask scratch (always reserved, so that the figure does not
 // depend on the mask kind).
-constexpr int AttentionSmemBytes(int block_m, int block_n, int stages, int dqk, int dv,
+KC_TILES_HD constexpr int AttentionSmemBytes(int block_m, int block_n, int stages, int dqk, int dv,
                                  int elem_bytes) {
   return block_m * dqk * elem_bytes + stages * block_n * (dqk + dv) * elem_bytes +
          AttentionScratchBytes(block_m);
 }
 
 // Largest dynamic shared memory a block may opt into, per architecture.
-constexpr int AttentionMaxSmemPerBlock(int arch) {
+KC_TILES_HD constexpr int AttentionMaxSmemPerBlock(int arch) {
   return arch == 90 ? 232448 : arch == 80 ? 166912 : (arch == 86 || arch == 89) ? 101376 : 0;
 }
 
-constexpr bool AttentionHeadDimSupported(int d) { return d == 64 || d == 128 || d == 256; }
+KC_TILES_HD constexpr bool AttentionHeadDimSupported(int d) { return d == 64 || d == 128 || d == 256; }
 
 // Whether a configuration can be compiled and launched. Used for the spec's
 // Tuning overrides. t.smem_bytes is ignored (it is derived: AttentionSmemBytes
@@ -53,7 +60,7 @@ constexpr bool AttentionHeadDimSupported(int d) { return d == 64 || d == 128 || 
 // 2..4 stages; the fp32 accumulators of S and O fit the register file
 // (rows_per_warp/16 * (block_n + dv) / 2 <= 192 floats per thread); shared
 // memory within the architecture's limit.
-constexpr bool AttentionTilesLegal(const AttentionTiles& t, int arch, int head_dim_qk,
+KC_TILES_HD constexpr bool AttentionTilesLegal(const AttentionTiles& t, int arch, int head_dim_qk,
                                    int head_dim_v) {
   if (AttentionMaxSmemPerBlock(arch) == 0) return false;
   if (!AttentionHeadDimSupported(head_dim_qk) || !AttentionHeadDimSupported(head_dim_v)) {
@@ -72,7 +79,7 @@ constexpr bool AttentionTilesLegal(const AttentionTiles& t, int arch, int head_d
 }
 
 // Fills in smem_bytes for a configuration (2-byte elements).
-constexpr AttentionTiles MakeAttentionTiles(int block_m, int block_n, int num_warps, int stages,
+KC_TILES_HD constexpr AttentionTiles MakeAttentionTiles(int block_m, int block_n, int num_warps, int stages,
                                             int head_dim_qk, int head_dim_v) {
   return AttentionTiles{block_m, block_n, num_warps, stages,
                         AttentionSmemBytes(block_m, block_n, stages, head_dim_qk, head_dim_v, 2)};
@@ -81,7 +88,7 @@ constexpr AttentionTiles MakeAttentionTiles(int block_m, int block_n, int num_wa
 // The default configuration for a spec, or all zeros when the combination is
 // unsupported. mask_kind is a KC_MASK_* value; is_fp16 selects fp16 over
 // bf16 (both 2-byte, same tiles today).
-constexpr AttentionTiles SelectAttentionTiles(int arch, int head_dim_qk, int head_dim_v,
+KC_TILES_HD constexpr AttentionTiles SelectAttentionTiles(int arch, int head_dim_qk, int head_dim_v,
                                               int mask_kind, bool is_fp16) {
   (void)mask_kind;
   (void)is_fp16;
