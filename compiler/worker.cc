@@ -1,0 +1,237 @@
+// Compile-worker protocol: framing, conversions and the serve loop.
+#include "compiler/worker.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <thread>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/strip.h"
+#include "absl/strings/str_cat.h"
+#include "compiler/nvrtc.h"
+
+namespace kcache::worker {
+namespace {
+
+// Milliseconds poll() should wait for `deadline`; -1 for none.
+int PollTimeoutMs(absl::Time deadline) {
+  if (deadline == absl::InfiniteFuture()) return -1;
+  const absl::Duration left = deadline - absl::Now();
+  if (left <= absl::ZeroDuration()) return 0;
+  return static_cast<int>(std::min<int64_t>(absl::ToInt64Milliseconds(absl::Ceil(left, absl::Milliseconds(1))),
+                                            24 * 3600 * 1000));
+}
+
+// Waits until `fd` is ready for `events` or the deadline passes.
+absl::Status WaitFd(int fd, short events, absl::Time deadline) {
+  for (;;) {
+    pollfd p{fd, events, 0};
+    const int n = poll(&p, 1, PollTimeoutMs(deadline));
+    if (n > 0) return absl::OkStatus();  // ready, or HUP/ERR: the I/O call says which
+    if (n == 0) {
+      if (absl::Now() >= deadline) return absl::DeadlineExceededError("compile worker I/O deadline");
+      continue;
+    }
+    if (errno != EINTR) return absl::InternalError(absl::StrCat("poll: ", strerror(errno)));
+  }
+}
+
+absl::Status WriteAll(int fd, const char* data, size_t size, absl::Time deadline) {
+  while (size > 0) {
+    if (absl::Status s = WaitFd(fd, POLLOUT, deadline); !s.ok()) return s;
+    const ssize_t n = send(fd, data, size, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n < 0) {
+      if (errno == EINTR || errno == EAGAIN) continue;
+      if (errno == EPIPE || errno == ECONNRESET) return absl::UnavailableError("peer closed");
+      return absl::InternalError(absl::StrCat("send: ", strerror(errno)));
+    }
+    data += n;
+    size -= static_cast<size_t>(n);
+  }
+  return absl::OkStatus();
+}
+
+// Reads exactly `size` bytes. `*got_any` tells a clean EOF from a torn frame.
+absl::Status ReadAll(int fd, char* data, size_t size, absl::Time deadline, bool* got_any) {
+  while (size > 0) {
+    if (absl::Status s = WaitFd(fd, POLLIN, deadline); !s.ok()) return s;
+    const ssize_t n = recv(fd, data, size, MSG_DONTWAIT);
+    if (n == 0) return *got_any ? absl::UnavailableError("peer closed mid-frame")
+                                : absl::NotFoundError("peer closed");
+    if (n < 0) {
+      if (errno == EINTR || errno == EAGAIN) continue;
+      if (errno == ECONNRESET) return absl::UnavailableError("peer reset the connection");
+      return absl::InternalError(absl::StrCat("recv: ", strerror(errno)));
+    }
+    *got_any = true;
+    data += n;
+    size -= static_cast<size_t>(n);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status WriteFrame(int fd, const std::string& payload, absl::Time deadline) {
+  if (payload.size() > kMaxFrameBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("frame of ", payload.size(), " bytes exceeds ", kMaxFrameBytes));
+  }
+  const uint32_t n = static_cast<uint32_t>(payload.size());
+  const char len[4] = {static_cast<char>(n & 0xff), static_cast<char>((n >> 8) & 0xff),
+                       static_cast<char>((n >> 16) & 0xff), static_cast<char>((n >> 24) & 0xff)};
+  if (absl::Status s = WriteAll(fd, len, 4, deadline); !s.ok()) return s;
+  return WriteAll(fd, payload.data(), payload.size(), deadline);
+}
+
+absl::StatusOr<std::string> ReadFrame(int fd, absl::Time deadline) {
+  unsigned char len[4];
+  bool got_any = false;
+  if (absl::Status s = ReadAll(fd, reinterpret_cast<char*>(len), 4, deadline, &got_any); !s.ok())
+    return s;
+  const uint32_t n = uint32_t{len[0]} | uint32_t{len[1]} << 8 | uint32_t{len[2]} << 16 |
+                     uint32_t{len[3]} << 24;
+  if (n > kMaxFrameBytes) return absl::DataLossError(absl::StrCat("frame length ", n, " too large"));
+  std::string payload(n, '\0');
+  if (absl::Status s = ReadAll(fd, payload.data(), n, deadline, &got_any); !s.ok()) return s;
+  return payload;
+}
+
+CompileRequest ToRequest(const CompileInput& input, absl::Time deadline) {
+  CompileRequest r;
+  r.set_source(input.source);
+  r.set_program_name(input.program_name);
+  for (const auto& [name, contents] : input.headers) {
+    Header* h = r.add_headers();
+    h->set_name(name);
+    h->set_contents(contents);
+  }
+  r.set_arch(input.arch);
+  for (const std::string& o : input.extra_options) r.add_extra_options(o);
+  if (deadline != absl::InfiniteFuture()) r.set_deadline_unix_us(absl::ToUnixMicros(deadline));
+  return r;
+}
+
+CompileInput FromRequest(const CompileRequest& r, absl::Time* deadline) {
+  CompileInput in;
+  in.source = r.source();
+  in.program_name = r.program_name();
+  for (const Header& h : r.headers()) in.headers[h.name()] = h.contents();
+  in.arch = r.arch();
+  in.extra_options.assign(r.extra_options().begin(), r.extra_options().end());
+  *deadline = r.deadline_unix_us() == 0 ? absl::InfiniteFuture()
+                                        : absl::FromUnixMicros(r.deadline_unix_us());
+  return in;
+}
+
+CompileResponse ToResponse(const absl::StatusOr<CompileOutput>& result) {
+  CompileResponse r;
+  if (!result.ok()) {
+    r.set_status_code(static_cast<int>(result.status().code()));
+    r.set_status_message(std::string(result.status().message()));
+    return r;
+  }
+  r.set_cubin(result->cubin);
+  r.set_log(result->log);
+  for (const kcache::KernelReport& k : result->kernels) {
+    worker::KernelReport* w = r.add_kernels();
+    w->set_name(k.name);
+    w->set_registers(k.registers);
+    w->set_static_smem_bytes(k.static_smem_bytes);
+    w->set_stack_frame_bytes(k.stack_frame_bytes);
+    w->set_spill_store_bytes(k.spill_store_bytes);
+    w->set_spill_load_bytes(k.spill_load_bytes);
+  }
+  r.set_wall_time_us(absl::ToInt64Microseconds(result->wall_time));
+  return r;
+}
+
+absl::StatusOr<CompileOutput> FromResponse(const CompileResponse& r) {
+  if (r.status_code() != 0) {
+    return absl::Status(static_cast<absl::StatusCode>(r.status_code()), r.status_message());
+  }
+  CompileOutput out;
+  out.cubin = r.cubin();
+  out.log = r.log();
+  for (const worker::KernelReport& w : r.kernels()) {
+    out.kernels.push_back(kcache::KernelReport{w.name(), w.registers(), w.static_smem_bytes(),
+                                               w.stack_frame_bytes(), w.spill_store_bytes(),
+                                               w.spill_load_bytes()});
+  }
+  out.wall_time = absl::Microseconds(r.wall_time_us());
+  return out;
+}
+
+int Serve(const ServeOptions& options) {
+  // Die with the daemon even when stuck inside NVRTC: the daemon's end of the
+  // socket closes when it exits, which this thread sees as POLLRDHUP/POLLHUP
+  // without consuming requests. (PR_SET_PDEATHSIG would fire when the
+  // *thread* that spawned us exits, which in a thread pool is any time.)
+  std::thread([fd = options.fd] {
+    for (;;) {
+      pollfd p{fd, POLLRDHUP, 0};
+      if (poll(&p, 1, -1) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL))) {
+        _exit(0);
+      }
+    }
+  }).detach();
+  Nvrtc nvrtc(options.nvrtc_path);
+  for (;;) {
+    absl::StatusOr<std::string> frame = ReadFrame(options.fd);
+    if (!frame.ok()) return absl::IsNotFound(frame.status()) ? 0 : 1;
+    CompileRequest request;
+    if (!request.ParseFromString(*frame)) {
+      std::fprintf(stderr, "kcache-compile-worker: unparsable request\n");
+      return 1;
+    }
+    absl::Time deadline;
+    const CompileInput input = FromRequest(request, &deadline);
+    if (options.enable_test_faults) {
+      for (const std::string& o : input.extra_options) {
+        if (o == "kcache-test-crash") {
+          std::fprintf(stderr, "kcache-compile-worker: test fault: crashing\n");
+          std::fflush(stderr);
+          abort();
+        }
+        if (o == "kcache-test-hang") {
+          std::fprintf(stderr, "kcache-compile-worker: test fault: hanging\n");
+          std::fflush(stderr);
+          for (;;) pause();
+        }
+      }
+    }
+    const CompileResponse response = ToResponse(nvrtc.Compile(input, deadline));
+    std::string bytes;
+    if (!response.SerializeToString(&bytes)) return 1;
+    if (!WriteFrame(options.fd, bytes).ok()) return 1;
+  }
+}
+
+absl::StatusOr<ServeOptions> ParseWorkerArgs(int argc, char** argv) {
+  ServeOptions o;
+  for (int i = 1; i < argc; ++i) {
+    absl::string_view a = argv[i];
+    if (absl::ConsumePrefix(&a, "--fd=")) {
+      if (!absl::SimpleAtoi(a, &o.fd) || o.fd < 0) {
+        return absl::InvalidArgumentError(absl::StrCat("--fd: not a descriptor: ", argv[i]));
+      }
+    } else if (absl::ConsumePrefix(&a, "--nvrtc=")) {
+      o.nvrtc_path = std::string(a);
+    } else if (a == "--enable-test-faults") {
+      o.enable_test_faults = true;
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat("unknown argument: ", argv[i]));
+    }
+  }
+  return o;
+}
+
+}  // namespace kcache::worker

@@ -1,0 +1,52 @@
+// Both ends of the compile-worker protocol (compiler/worker.proto): framing
+// over a stream socket, conversions between CompileInput/CompileOutput and
+// the wire messages, and the worker's serve loop (kcache-compile-worker's
+// whole body). Functions are thread-compatible: one thread per fd.
+#pragma once
+
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "compiler/compile.h"
+#include "compiler/worker.pb.h"
+
+namespace kcache::worker {
+
+// Frames larger than this are refused at both ends.
+inline constexpr size_t kMaxFrameBytes = size_t{1} << 30;
+
+// Writes one frame (4-byte little-endian length + payload). Blocks until
+// written or `deadline`. Never raises SIGPIPE. Errors: Unavailable when the
+// peer is gone, DeadlineExceeded, Internal.
+absl::Status WriteFrame(int fd, const std::string& payload,
+                        absl::Time deadline = absl::InfiniteFuture());
+
+// Reads one frame. NotFound on a clean end of stream before any byte of the
+// frame (the peer closed), Unavailable when the peer vanished mid-frame,
+// DeadlineExceeded, DataLoss on an oversized length.
+absl::StatusOr<std::string> ReadFrame(int fd, absl::Time deadline = absl::InfiniteFuture());
+
+CompileRequest ToRequest(const CompileInput& input, absl::Time deadline);
+CompileInput FromRequest(const CompileRequest& request, absl::Time* deadline);
+CompileResponse ToResponse(const absl::StatusOr<CompileOutput>& result);
+absl::StatusOr<CompileOutput> FromResponse(const CompileResponse& response);
+
+struct ServeOptions {
+  int fd = 3;               // the socket to the pool
+  std::string nvrtc_path;   // empty: Nvrtc's default search
+  // Tests only: honour the extra options "kcache-test-crash" (abort()) and
+  // "kcache-test-hang" (block forever). Off in production: then they reach
+  // NVRTC, which rejects them as unknown options.
+  bool enable_test_faults = false;
+};
+
+// Serves compile requests on `options.fd` until the pool closes it. Returns
+// the process exit code: 0 on a clean close, 1 on a protocol error.
+int Serve(const ServeOptions& options);
+
+// Parses kcache-compile-worker's arguments: --fd=N, --nvrtc=PATH,
+// --enable-test-faults. InvalidArgument naming the bad argument.
+absl::StatusOr<ServeOptions> ParseWorkerArgs(int argc, char** argv);
+
+}  // namespace kcache::worker

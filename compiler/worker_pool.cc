@@ -1,0 +1,231 @@
+// WorkerPool: kcache-compile-worker processes started with posix_spawn (a
+// fork+exec that is safe in a multithreaded daemon), talked to over a Unix
+// socket, killed at the request's deadline.
+#include "compiler/worker_pool.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <climits>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "compiler/worker.h"
+
+extern char** environ;
+
+namespace kcache {
+
+struct WorkerPool::Worker {
+  pid_t pid = -1;
+  int fd = -1;         // our end of the socket
+  int stderr_fd = -1;  // memfd holding the worker's stdout/stderr
+  ~Worker() {
+    if (fd >= 0) close(fd);
+    if (stderr_fd >= 0) close(stderr_fd);
+  }
+};
+
+namespace {
+
+std::string DefaultWorkerPath() {
+  char buf[PATH_MAX];
+  const ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+  if (n <= 0) return "kcache-compile-worker";
+  std::string self(buf, static_cast<size_t>(n));
+  const size_t slash = self.rfind('/');
+  return (slash == std::string::npos ? std::string(".") : self.substr(0, slash)) +
+         "/kcache-compile-worker";
+}
+
+// The last `max` bytes the worker wrote to stdout/stderr, as a message suffix.
+std::string StderrTail(int fd, size_t max = 4096) {
+  struct stat st;
+  if (fd < 0 || fstat(fd, &st) != 0 || st.st_size <= 0) return "";
+  const size_t size = static_cast<size_t>(st.st_size);
+  const size_t n = std::min(size, max);
+  std::string tail(n, '\0');
+  const ssize_t got = pread(fd, tail.data(), n, static_cast<off_t>(size - n));
+  if (got <= 0) return "";
+  tail.resize(static_cast<size_t>(got));
+  return absl::StrCat("; worker output", size > n ? " (tail)" : "", ":\n", tail);
+}
+
+}  // namespace
+
+WorkerPool::WorkerPool(WorkerPoolOptions options)
+    : options_(std::move(options)),
+      worker_path_(options_.worker_path.empty() ? DefaultWorkerPath() : options_.worker_path) {}
+
+WorkerPool::~WorkerPool() {
+  std::vector<std::unique_ptr<Worker>> idle;
+  {
+    absl::MutexLock lock(&mu_);
+    idle.swap(idle_);
+    live_ -= static_cast<int>(idle.size());
+  }
+  for (auto& w : idle) {
+    // End of stream makes an idle worker exit; then reap it.
+    close(w->fd);
+    w->fd = -1;
+    int status;
+    while (waitpid(w->pid, &status, 0) < 0 && errno == EINTR) {
+    }
+  }
+}
+
+int WorkerPool::live_workers() const {
+  absl::MutexLock lock(&mu_);
+  return live_;
+}
+
+absl::StatusOr<std::unique_ptr<WorkerPool::Worker>> WorkerPool::Spawn() const {
+  auto w = std::make_unique<Worker>();
+  int sv[2];
+  if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) {
+    return absl::UnavailableError(absl::StrCat("socketpair: ", strerror(errno)));
+  }
+  w->fd = sv[0];
+  // High descriptors for the child's ends, so that dup2 onto 1, 2, 3 never
+  // meets an fd that is already in place (and would keep FD_CLOEXEC).
+  const int child_sock = fcntl(sv[1], F_DUPFD_CLOEXEC, 10);
+  close(sv[1]);
+  w->stderr_fd = memfd_create("kcache-compile-worker-output", MFD_CLOEXEC);
+  if (child_sock < 0 || w->stderr_fd < 0) {
+    if (child_sock >= 0) close(child_sock);
+    return absl::UnavailableError(absl::StrCat("worker descriptors: ", strerror(errno)));
+  }
+  // Appending (shared with the child) keeps the output at the start of the
+  // file after each ftruncate(0).
+  fcntl(w->stderr_fd, F_SETFL, O_APPEND);
+  const int child_err = fcntl(w->stderr_fd, F_DUPFD_CLOEXEC, 10);
+
+  std::vector<std::string> args = {worker_path_, "--fd=3"};
+  if (!options_.nvrtc_path.empty()) args.push_back("--nvrtc=" + options_.nvrtc_path);
+  if (options_.enable_test_faults) args.push_back("--enable-test-faults");
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
+  posix_spawn_file_actions_adddup2(&actions, child_err, 1);
+  posix_spawn_file_actions_adddup2(&actions, child_err, 2);
+  posix_spawn_file_actions_adddup2(&actions, child_sock, 3);
+  const int rc = posix_spawn(&w->pid, worker_path_.c_str(), &actions, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  close(child_sock);
+  if (child_err >= 0) close(child_err);
+  if (rc != 0) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot start compile worker ", worker_path_, ": ", strerror(rc)));
+  }
+  return w;
+}
+
+std::string WorkerPool::Reap(Worker& w, bool kill_first) {
+  if (kill_first) kill(w.pid, SIGKILL);
+  int status = 0;
+  pid_t r;
+  while ((r = waitpid(w.pid, &status, kill_first ? 0 : WNOHANG)) < 0 && errno == EINTR) {
+  }
+  if (r == 0) {
+    // It closed its socket but is still running: not a worker we can trust.
+    kill(w.pid, SIGKILL);
+    while (waitpid(w.pid, &status, 0) < 0 && errno == EINTR) {
+    }
+  }
+  w.pid = -1;
+  if (WIFSIGNALED(status)) {
+    const int sig = WTERMSIG(status);
+    return absl::StrCat("compile worker crashed with signal ", sig, " (", strsignal(sig), ")");
+  }
+  if (WIFEXITED(status)) {
+    return absl::StrCat("compile worker exited with status ", WEXITSTATUS(status));
+  }
+  return "compile worker ended";
+}
+
+bool WorkerPool::WorkerAvailable() const {
+  return !idle_.empty() || live_ < options_.max_workers;
+}
+
+absl::StatusOr<CompileOutput> WorkerPool::Compile(const CompileInput& input, absl::Time deadline) {
+  std::unique_ptr<Worker> w;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!mu_.AwaitWithDeadline(absl::Condition(this, &WorkerPool::WorkerAvailable), deadline)) {
+      return absl::DeadlineExceededError("no compile worker became free before the deadline");
+    }
+    if (!idle_.empty()) {
+      w = std::move(idle_.back());
+      idle_.pop_back();
+    } else {
+      ++live_;  // reserve the slot; spawn without the lock
+    }
+  }
+  if (!w) {
+    absl::StatusOr<std::unique_ptr<Worker>> spawned = Spawn();
+    if (!spawned.ok()) {
+      absl::MutexLock lock(&mu_);
+      --live_;
+      return spawned.status();
+    }
+    w = *std::move(spawned);
+  }
+
+  // Each request's output starts empty, so the tail on failure is its own.
+  if (ftruncate(w->stderr_fd, 0) != 0) {
+    // Harmless: the tail may then include an earlier request's output.
+  }
+  std::string request;
+  worker::ToRequest(input, deadline).SerializeToString(&request);
+  absl::Status io = worker::WriteFrame(w->fd, request, deadline);
+  absl::StatusOr<std::string> reply;
+  if (io.ok()) {
+    reply = worker::ReadFrame(w->fd, deadline);
+    io = reply.status();
+  }
+  worker::CompileResponse response;
+  if (io.ok() && !response.ParseFromString(*reply)) {
+    io = absl::InternalError("compile worker sent an unparsable response");
+  }
+
+  if (!io.ok()) {
+    // The worker is finished either way: killed at the deadline, dead
+    // already (end of stream), or not speaking the protocol.
+    const bool timed_out = absl::IsDeadlineExceeded(io);
+    const bool peer_gone = absl::IsNotFound(io) || absl::IsUnavailable(io);
+    const pid_t pid = w->pid;
+    const std::string how = Reap(*w, /*kill_first=*/!peer_gone);
+    const std::string tail = StderrTail(w->stderr_fd);
+    w.reset();
+    {
+      absl::MutexLock lock(&mu_);
+      --live_;
+    }
+    if (timed_out) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "compile did not finish by its deadline; compile worker ", pid, " killed", tail));
+    }
+    if (peer_gone) return absl::InternalError(absl::StrCat(how, tail));
+    return absl::InternalError(absl::StrCat(io.message(), " (", how, ")", tail));
+  }
+
+  {
+    absl::MutexLock lock(&mu_);
+    idle_.push_back(std::move(w));
+  }
+  return worker::FromResponse(response);
+}
+
+}  // namespace kcache

@@ -1,0 +1,72 @@
+// Compiles in isolated, reused worker processes (kcache-compile-worker), so
+// that an NVRTC crash or hang costs one compile, not the daemon.
+//
+// Thread-safe. At most `max_workers` processes exist; a Compile waits (up to
+// its deadline) for a free one. Workers start lazily and are reused; one
+// that crashes, hangs past its deadline or breaks the protocol is killed,
+// reaped, and replaced by a fresh one on a later request. No lock is held
+// while a worker compiles.
+//
+// The process must not set SIGCHLD to SIG_IGN (workers are reaped with
+// waitpid). Workers exit when the daemon does (they watch their socket).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "compiler/compile.h"
+
+namespace kcache {
+
+struct WorkerPoolOptions {
+  // Empty: "kcache-compile-worker" in the directory of /proc/self/exe (the
+  // daemon and the worker are installed side by side).
+  std::string worker_path;
+  std::string nvrtc_path;  // passed to the worker; empty = default search
+  int max_workers = 2;
+  // Tests only: start workers with --enable-test-faults (see worker.h).
+  bool enable_test_faults = false;
+};
+
+class WorkerPool : public Compiler {
+ public:
+  explicit WorkerPool(WorkerPoolOptions options);
+  // Closes every worker's socket (idle workers exit on end of stream) and
+  // reaps them. No Compile may be in flight.
+  ~WorkerPool() override;
+  WorkerPool(const WorkerPool&) = delete;
+  WorkerPool& operator=(const WorkerPool&) = delete;
+
+  // See Compiler (compiler/compile.h) for the codes. Besides those:
+  //   Internal          "compile worker crashed with signal N (...)" or
+  //                     "... exited with status N", with the tail of the
+  //                     worker's stderr; the worker is replaced;
+  //   DeadlineExceeded  no free worker before the deadline, or the compile
+  //                     ran past it: the worker was SIGKILLed and replaced;
+  //   Unavailable       a worker could not be started (path in the message).
+  absl::StatusOr<CompileOutput> Compile(const CompileInput& input,
+                                        absl::Time deadline) override;
+
+  // Worker processes alive now (idle or busy). For tests and metrics.
+  int live_workers() const;
+
+ private:
+  struct Worker;
+  absl::StatusOr<std::unique_ptr<Worker>> Spawn() const;
+  // Kills (if needed) and reaps `w`; returns how it ended, as a message.
+  static std::string Reap(Worker& w, bool kill_first);
+  bool WorkerAvailable() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const WorkerPoolOptions options_;
+  const std::string worker_path_;
+  mutable absl::Mutex mu_;
+  std::vector<std::unique_ptr<Worker>> idle_ ABSL_GUARDED_BY(mu_);
+  int live_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace kcache

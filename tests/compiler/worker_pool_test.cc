@@ -1,0 +1,163 @@
+// Compile workers: real NVRTC in real kcache-compile-worker processes, with
+// the test faults (crash, hang) enabled. The hang test's 2 s is a deadline
+// the pool enforces, not a sleep.
+#include "compiler/worker_pool.h"
+
+#include <thread>
+#include <vector>
+
+#include "compiler/nvrtc.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/compiler/test_kernels.h"
+
+namespace kcache {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::SizeIs;
+
+WorkerPoolOptions TestOptions(int max_workers = 2) {
+  WorkerPoolOptions o;
+  o.worker_path = KCACHE_TEST_WORKER_PATH;
+  o.max_workers = max_workers;
+  o.enable_test_faults = true;
+  return o;
+}
+
+CompileInput Tiny(const std::string& arch = "sm_90a") {
+  CompileInput in;
+  in.source = testing::TinyKernelSource();
+  in.program_name = "tiny.cu";
+  in.arch = arch;
+  return in;
+}
+
+absl::Time In(absl::Duration d) { return absl::Now() + d; }
+
+TEST(WorkerPoolTest, CompilesInAWorkerAndReusesIt) {
+  WorkerPool pool(TestOptions());
+  for (const char* arch : {"sm_80", "sm_90a"}) {
+    absl::StatusOr<CompileOutput> out = pool.Compile(Tiny(arch), In(absl::Seconds(60)));
+    ASSERT_TRUE(out.ok()) << out.status();
+    EXPECT_EQ(out->cubin.compare(0, 4, "\x7f" "ELF"), 0);
+    ASSERT_THAT(out->kernels, SizeIs(1));
+    EXPECT_EQ(out->kernels[0].name, "kc_tiny");
+    EXPECT_EQ(out->kernels[0].static_smem_bytes, 512);
+    EXPECT_THAT(out->log, HasSubstr("Used"));
+  }
+  EXPECT_EQ(pool.live_workers(), 1);  // sequential requests share one worker
+}
+
+TEST(WorkerPoolTest, SameOutputAsInProcess) {
+  WorkerPool pool(TestOptions());
+  Nvrtc nvrtc;
+  InProcessCompiler local(&nvrtc);
+  absl::StatusOr<CompileOutput> a = pool.Compile(Tiny(), In(absl::Seconds(60)));
+  absl::StatusOr<CompileOutput> b = local.Compile(Tiny(), In(absl::Seconds(60)));
+  ASSERT_TRUE(a.ok() && b.ok()) << a.status() << b.status();
+  EXPECT_EQ(a->cubin, b->cubin);  // NVRTC is deterministic for one input
+  ASSERT_THAT(a->kernels, SizeIs(1));
+  ASSERT_THAT(b->kernels, SizeIs(1));
+  EXPECT_EQ(a->kernels[0].registers, b->kernels[0].registers);
+  // (The logs differ only in ptxas's "Compile time = ..." line.)
+}
+
+TEST(WorkerPoolTest, CompileErrorComesBackWithItsLog) {
+  WorkerPool pool(TestOptions());
+  CompileInput in = Tiny();
+  in.source = "extern \"C\" __global__ void k() { no_such_fn(); }\n";
+  absl::StatusOr<CompileOutput> out = pool.Compile(in, In(absl::Seconds(60)));
+  EXPECT_EQ(out.status().code(), absl::StatusCode::kFailedPrecondition) << out.status();
+  EXPECT_THAT(out.status().message(), HasSubstr("no_such_fn"));
+  EXPECT_EQ(pool.live_workers(), 1);  // a compile error is not a worker failure
+}
+
+TEST(WorkerPoolTest, CrashIsContainedAndTheNextRequestServed) {
+  WorkerPool pool(TestOptions());
+  CompileInput crash = Tiny();
+  crash.extra_options = {"kcache-test-crash"};
+  absl::StatusOr<CompileOutput> out = pool.Compile(crash, In(absl::Seconds(60)));
+  EXPECT_EQ(out.status().code(), absl::StatusCode::kInternal) << out.status();
+  EXPECT_THAT(out.status().message(), HasSubstr("compile worker crashed with signal 6"));
+  EXPECT_THAT(out.status().message(), HasSubstr("test fault: crashing"));  // its output
+  EXPECT_EQ(pool.live_workers(), 0);
+
+  absl::StatusOr<CompileOutput> next = pool.Compile(Tiny(), In(absl::Seconds(60)));
+  EXPECT_TRUE(next.ok()) << next.status();
+  EXPECT_EQ(pool.live_workers(), 1);
+}
+
+TEST(WorkerPoolTest, HangIsKilledAtItsDeadlineAndTheNextRequestServed) {
+  WorkerPool pool(TestOptions());
+  CompileInput hang = Tiny();
+  hang.extra_options = {"kcache-test-hang"};
+  const absl::Time start = absl::Now();
+  absl::StatusOr<CompileOutput> out = pool.Compile(hang, start + absl::Seconds(2));
+  const absl::Duration took = absl::Now() - start;
+  EXPECT_EQ(out.status().code(), absl::StatusCode::kDeadlineExceeded) << out.status();
+  EXPECT_THAT(out.status().message(), HasSubstr("killed"));
+  EXPECT_GE(took, absl::Seconds(2));
+  EXPECT_LT(took, absl::Seconds(20));
+  EXPECT_EQ(pool.live_workers(), 0);
+
+  absl::StatusOr<CompileOutput> next = pool.Compile(Tiny(), In(absl::Seconds(60)));
+  EXPECT_TRUE(next.ok()) << next.status();
+}
+
+TEST(WorkerPoolTest, TestFaultsAreInertWithoutTheFlag) {
+  WorkerPoolOptions o = TestOptions();
+  o.enable_test_faults = false;
+  WorkerPool pool(o);
+  CompileInput crash = Tiny();
+  crash.extra_options = {"kcache-test-crash"};
+  absl::StatusOr<CompileOutput> out = pool.Compile(crash, In(absl::Seconds(60)));
+  // Reaches NVRTC, which rejects the unknown option; the worker lives on.
+  EXPECT_EQ(out.status().code(), absl::StatusCode::kInvalidArgument) << out.status();
+  EXPECT_EQ(pool.live_workers(), 1);
+}
+
+TEST(WorkerPoolTest, ConcurrentCompilesStayWithinTheBound) {
+  WorkerPool pool(TestOptions(/*max_workers=*/2));
+  std::vector<std::thread> threads;
+  std::vector<absl::Status> results(6);
+  for (int i = 0; i < 6; ++i) {
+    threads.emplace_back([&, i] {
+      CompileInput in = Tiny(i % 2 ? "sm_80" : "sm_90a");
+      in.source = testing::TinyKernelSource("kc_tiny_" + std::to_string(i));
+      results[i] = pool.Compile(in, In(absl::Seconds(120))).status();
+      EXPECT_LE(pool.live_workers(), 2);
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (const absl::Status& s : results) EXPECT_TRUE(s.ok()) << s;
+  EXPECT_LE(pool.live_workers(), 2);
+}
+
+TEST(WorkerPoolTest, MissingWorkerBinaryIsUnavailable) {
+  WorkerPoolOptions o = TestOptions();
+  o.worker_path = "/nonexistent/kcache-compile-worker";
+  WorkerPool pool(o);
+  absl::StatusOr<CompileOutput> out = pool.Compile(Tiny(), In(absl::Seconds(10)));
+  EXPECT_EQ(out.status().code(), absl::StatusCode::kUnavailable) << out.status();
+  EXPECT_THAT(out.status().message(), HasSubstr("/nonexistent/kcache-compile-worker"));
+  EXPECT_EQ(pool.live_workers(), 0);
+}
+
+TEST(WorkerPoolTest, MissingNvrtcInTheWorkerIsUnavailable) {
+  WorkerPoolOptions o = TestOptions();
+  o.nvrtc_path = "/nonexistent/libnvrtc.so.13";
+  WorkerPool pool(o);
+  absl::StatusOr<CompileOutput> out = pool.Compile(Tiny(), In(absl::Seconds(10)));
+  EXPECT_EQ(out.status().code(), absl::StatusCode::kUnavailable) << out.status();
+  EXPECT_THAT(out.status().message(), HasSubstr("/nonexistent/libnvrtc.so.13"));
+}
+
+TEST(WorkerPoolTest, PassedDeadlineFailsFast) {
+  WorkerPool pool(TestOptions());
+  EXPECT_EQ(pool.Compile(Tiny(), absl::InfinitePast()).status().code(),
+            absl::StatusCode::kDeadlineExceeded);
+}
+
+}  // namespace
+}  // namespace kcache
