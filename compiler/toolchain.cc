@@ -7,20 +7,13 @@
 
 #include "absl/strings/str_cat.h"
 #include "cache/digest.h"
+#include "cache/key.h"
 
 namespace kcache {
 
 std::string ComputeToolchainId(const v1::Toolchain& toolchain) {
-  // Keep in step with cache/key.h's ToolchainId, if the cache grows one:
-  // both must hash the same fields in the same order.
-  Sha256Hasher h;
-  h.UpdateField(toolchain.compiler());
-  h.UpdateField(toolchain.version());
-  h.UpdateField(toolchain.build());
-  h.UpdateField(std::to_string(toolchain.options_size()));
-  for (const std::string& o : toolchain.options()) h.UpdateField(o);
-  const Sha256Digest d = h.Finish();
-  return ToHex(std::string_view(reinterpret_cast<const char*>(d.data()), 8));
+  // One definition, owned by the store: the id is its key prefix.
+  return ToolchainIdHex(toolchain);
 }
 
 v1::Toolchain MakeToolchain(std::string compiler, std::string version, std::string build,

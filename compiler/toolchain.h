@@ -14,9 +14,10 @@
 
 namespace kcache {
 
-// Hex of the first 8 bytes of SHA-256 over the length-prefixed fields
-// compiler, version, build, the number of options, then each option
-// (Sha256Hasher::UpdateField). Ignores `toolchain.id`.
+// Hex of the first 8 bytes of SHA-256 over the canonical fields (compiler,
+// version, build, options; length-prefixed). Delegates to cache/key.h's
+// ToolchainIdHex, so the id always equals the store's key prefix. Ignores
+// `toolchain.id`.
 std::string ComputeToolchainId(const v1::Toolchain& toolchain);
 
 // Builds a toolchain from explicit fields and fills in its id. Tests use it

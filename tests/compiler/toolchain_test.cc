@@ -1,6 +1,8 @@
 // The toolchain fingerprint: stable, sensitive to every field, overridable.
 #include "compiler/toolchain.h"
 
+#include "cache/key.h"
+
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -17,6 +19,7 @@ TEST(ToolchainTest, IdIsSixteenHexDigitsAndDeterministic) {
   EXPECT_THAT(a.id(), MatchesRegex("[0-9a-f]{16}"));
   EXPECT_EQ(a.id(), b.id());
   EXPECT_EQ(ComputeToolchainId(a), a.id());
+  EXPECT_EQ(a.id(), ToolchainIdHex(a));  // the store's key prefix
 }
 
 TEST(ToolchainTest, EveryFieldChangesTheId) {
