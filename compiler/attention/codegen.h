@@ -1,0 +1,59 @@
+// Code generation for attention specs: one CUDA translation unit per
+// (normalized spec, architecture), following docs/kernel-contract.md: a
+// prelude of KC_* macros, generated device functions for expression masks
+// and score modifications, then #includes of the kernel templates, which the
+// caller hands to NVRTC as named headers (kcache::kernels::TemplateFiles()).
+// Thread-safe (pure functions).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "kcache/v1/record.pb.h"
+#include "kcache/v1/spec.pb.h"
+#include "kernels/attention_tiles.h"
+
+namespace kcache::attention {
+
+// An architecture the attention templates support: "sm_80", "sm_86",
+// "sm_89", "sm_90" or "sm_90a".
+struct AttentionArch {
+  int sm = 0;          // KC_ARCH
+  bool sm90a = false;  // KC_ARCH_SM90A
+};
+// InvalidArgument naming the accepted values for anything else.
+absl::StatusOr<AttentionArch> ParseAttentionArch(absl::string_view arch);
+
+// The tiles for a normalized spec on `arch`: SelectAttentionTiles'
+// default, with each nonzero Tuning field overriding it. InvalidArgument
+// ("spec.tuning: ...") when the result is not AttentionTilesLegal;
+// InvalidArgument ("spec.head_dim_qk: ...") when the templates support no
+// tiles for the head dims on that architecture.
+absl::StatusOr<AttentionTiles> ChooseAttentionTiles(const v1::AttentionSpec& normalized,
+                                                    const AttentionArch& arch);
+
+struct GeneratedSource {
+  std::string program_name;  // name for nvrtcCreateProgram ("kcache_attention.cu")
+  std::string source;        // the translation unit
+  // Template headers the source #includes directly, by the names used in
+  // #include; they include others among kcache::kernels::TemplateFiles(),
+  // so callers hand NVRTC all of those.
+  std::vector<std::string> headers;
+  std::vector<v1::EntryPoint> entry_points;  // without resources (filled after compile)
+  AttentionTiles tiles{};
+  AttentionArch arch;
+};
+
+// Precondition: `normalized` came from NormalizeAttentionSpec of a spec that
+// passed ValidateAttentionSpec (re-validated here as a backstop:
+// InvalidArgument otherwise). Errors: InvalidArgument for an unsupported
+// arch or illegal tuning; Unimplemented for a backward pass (no backward
+// templates or entry points in the contract yet); FailedPrecondition when a
+// template the source needs is not embedded in this binary.
+absl::StatusOr<GeneratedSource> GenerateAttentionSource(const v1::AttentionSpec& normalized,
+                                                        absl::string_view arch);
+
+}  // namespace kcache::attention

@@ -1,0 +1,359 @@
+// Lowering of expression trees to CUDA (semantics in expr_lower.h). Each
+// operation becomes one SSA-style `const T tN = ...;` line, so the output
+// is flat however deep the tree is.
+#include "compiler/attention/expr_lower.h"
+
+#include <climits>
+#include <cmath>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "compiler/attention/expr.h"
+
+namespace kcache::attention {
+namespace {
+
+// A lowered value: a C++ expression of type `type` that is a leaf (a
+// parameter name, a literal or a temporary).
+struct Value {
+  std::string text;
+  ExprType type;
+};
+
+const char* CType(ExprType t) {
+  switch (t) {
+    case ExprType::kInt:
+      return "int";
+    case ExprType::kFloat:
+      return "float";
+    case ExprType::kBool:
+      return "bool";
+  }
+  return "int";
+}
+
+std::string Wrap(const std::string& op, const Value& a, const Value& b) {
+  // Wrapping int arithmetic through unsigned: defined behaviour for every
+  // input.
+  return absl::StrCat("static_cast<int>(static_cast<unsigned>(", a.text, ") ", op,
+                      " static_cast<unsigned>(", b.text, "))");
+}
+
+class Lowerer {
+ public:
+  Lowerer(const ExprBufferTable* buffers, bool score_allowed)
+      : buffers_(buffers), score_allowed_(score_allowed) {}
+
+  absl::StatusOr<Value> Lower(const v1::Expr& e) {
+    switch (e.node_case()) {
+      case v1::Expr::kIndex:
+        switch (e.index()) {
+          case v1::INDEX_VAR_B:
+            return Value{"b", ExprType::kInt};
+          case v1::INDEX_VAR_H:
+            return Value{"h", ExprType::kInt};
+          case v1::INDEX_VAR_Q_IDX:
+            return Value{"q_idx", ExprType::kInt};
+          case v1::INDEX_VAR_KV_IDX:
+            return Value{"kv_idx", ExprType::kInt};
+          default:
+            return Bad("unknown index variable");
+        }
+      case v1::Expr::kIntConst:
+        return Value{IntLiteral(e.int_const()), ExprType::kInt};
+      case v1::Expr::kFloatConst:
+        if (!std::isfinite(e.float_const())) return Bad("non-finite constant");
+        return Value{std::signbit(e.float_const())
+                         ? absl::StrCat("(", HexFloatLiteral(e.float_const()), ")")
+                         : HexFloatLiteral(e.float_const()),
+                     ExprType::kFloat};
+      case v1::Expr::kBoolConst:
+        return Value{e.bool_const() ? "true" : "false", ExprType::kBool};
+      case v1::Expr::kScore:
+        if (!score_allowed_) return Bad("score outside a score modification");
+        return Value{"score", ExprType::kFloat};
+      case v1::Expr::kUnary:
+        return LowerUnary(e.unary());
+      case v1::Expr::kBinary:
+        return LowerBinary(e.binary());
+      case v1::Expr::kSelect: {
+        absl::StatusOr<Value> c = Lower(e.select().cond());
+        if (!c.ok()) return c.status();
+        absl::StatusOr<Value> t = Lower(e.select().if_true());
+        if (!t.ok()) return t.status();
+        absl::StatusOr<Value> f = Lower(e.select().if_false());
+        if (!f.ok()) return f.status();
+        if (c->type != ExprType::kBool || t->type != f->type) return Bad("select types");
+        return Emit(t->type, absl::StrCat(c->text, " ? ", t->text, " : ", f->text));
+      }
+      case v1::Expr::kRead:
+        return LowerRead(e.read());
+      case v1::Expr::NODE_NOT_SET:
+        break;
+    }
+    return Bad("empty node");
+  }
+
+  const std::string& body() const { return body_; }
+  bool uses_imod() const { return uses_imod_; }
+
+ private:
+  static absl::Status Bad(absl::string_view what) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("expression does not type-check (", what, "); validate the spec first"));
+  }
+
+  Value Emit(ExprType type, const std::string& rhs) {
+    std::string name = absl::StrCat("t", next_++);
+    absl::StrAppend(&body_, "  const ", CType(type), " ", name, " = ", rhs, ";\n");
+    return Value{name, type};
+  }
+
+  absl::StatusOr<Value> LowerUnary(const v1::UnaryExpr& u) {
+    absl::StatusOr<Value> a = Lower(u.arg());
+    if (!a.ok()) return a.status();
+    const bool is_int = a->type == ExprType::kInt;
+    const bool is_float = a->type == ExprType::kFloat;
+    switch (u.op()) {
+      case v1::UnaryExpr::OP_NEG:
+        if (is_int) {
+          return Emit(ExprType::kInt,
+                      absl::StrCat("static_cast<int>(0u - static_cast<unsigned>(", a->text, "))"));
+        }
+        if (is_float) return Emit(ExprType::kFloat, absl::StrCat("-", a->text));
+        break;
+      case v1::UnaryExpr::OP_ABS:
+        if (is_int) {
+          return Emit(ExprType::kInt,
+                      absl::StrCat(a->text, " < 0 ? static_cast<int>(0u - static_cast<unsigned>(",
+                                   a->text, ")) : ", a->text));
+        }
+        if (is_float) return Emit(ExprType::kFloat, absl::StrCat("fabsf(", a->text, ")"));
+        break;
+      case v1::UnaryExpr::OP_NOT:
+        if (a->type == ExprType::kBool) return Emit(ExprType::kBool, absl::StrCat("!", a->text));
+        break;
+      case v1::UnaryExpr::OP_EXP:
+        if (is_float) return Emit(ExprType::kFloat, absl::StrCat("expf(", a->text, ")"));
+        break;
+      case v1::UnaryExpr::OP_TANH:
+        if (is_float) return Emit(ExprType::kFloat, absl::StrCat("tanhf(", a->text, ")"));
+        break;
+      case v1::UnaryExpr::OP_TO_FLOAT:
+        if (is_int) {
+          return Emit(ExprType::kFloat, absl::StrCat("static_cast<float>(", a->text, ")"));
+        }
+        break;
+      default:
+        break;
+    }
+    return Bad("unary operator");
+  }
+
+  absl::StatusOr<Value> LowerBinary(const v1::BinaryExpr& bin) {
+    absl::StatusOr<Value> a = Lower(bin.lhs());
+    if (!a.ok()) return a.status();
+    absl::StatusOr<Value> b = Lower(bin.rhs());
+    if (!b.ok()) return b.status();
+    if (a->type != b->type) return Bad("operand types differ");
+    const ExprType t = a->type;
+    const auto cmp = [&](const char* op) -> absl::StatusOr<Value> {
+      if (t == ExprType::kBool) return Bad("comparison of bools");
+      return Emit(ExprType::kBool, absl::StrCat(a->text, " ", op, " ", b->text));
+    };
+    using Op = v1::BinaryExpr;
+    switch (bin.op()) {
+      case Op::OP_ADD:
+      case Op::OP_SUB:
+      case Op::OP_MUL: {
+        const char* op = bin.op() == Op::OP_ADD ? "+" : bin.op() == Op::OP_SUB ? "-" : "*";
+        if (t == ExprType::kInt) return Emit(t, Wrap(op, *a, *b));
+        if (t == ExprType::kFloat) return Emit(t, absl::StrCat(a->text, " ", op, " ", b->text));
+        break;
+      }
+      case Op::OP_DIV:
+        if (t == ExprType::kFloat) return Emit(t, absl::StrCat(a->text, " / ", b->text));
+        break;
+      case Op::OP_MOD:
+        if (t == ExprType::kInt) {
+          uses_imod_ = true;
+          return Emit(t, absl::StrCat("kc_imod(", a->text, ", ", b->text, ")"));
+        }
+        break;
+      case Op::OP_MIN:
+        if (t == ExprType::kInt) {
+          return Emit(t, absl::StrCat(a->text, " < ", b->text, " ? ", a->text, " : ", b->text));
+        }
+        if (t == ExprType::kFloat) {
+          return Emit(t, absl::StrCat("fminf(", a->text, ", ", b->text, ")"));
+        }
+        break;
+      case Op::OP_MAX:
+        if (t == ExprType::kInt) {
+          return Emit(t, absl::StrCat(a->text, " > ", b->text, " ? ", a->text, " : ", b->text));
+        }
+        if (t == ExprType::kFloat) {
+          return Emit(t, absl::StrCat("fmaxf(", a->text, ", ", b->text, ")"));
+        }
+        break;
+      case Op::OP_EQ:
+        return cmp("==");
+      case Op::OP_NE:
+        return cmp("!=");
+      case Op::OP_LT:
+        return cmp("<");
+      case Op::OP_LE:
+        return cmp("<=");
+      case Op::OP_GT:
+        return cmp(">");
+      case Op::OP_GE:
+        return cmp(">=");
+      case Op::OP_AND:
+      case Op::OP_OR:
+        if (t == ExprType::kBool) {
+          return Emit(t, absl::StrCat(a->text, bin.op() == Op::OP_AND ? " && " : " || ", b->text));
+        }
+        break;
+      default:
+        break;
+    }
+    return Bad("binary operator");
+  }
+
+  absl::StatusOr<Value> LowerRead(const v1::BufferRead& r) {
+    auto it = buffers_->find(r.buffer());
+    if (it == buffers_->end()) return Bad("undeclared buffer");
+    const ExprBuffer& buf = it->second;
+    ExprType type;
+    if (!ElemTypeToExprType(buf.type, &type)) return Bad("buffer element type");
+    if (static_cast<uint32_t>(r.index_size()) != buf.rank) return Bad("buffer rank");
+    std::string call = absl::StrCat("kc_read_", buf.slot, "(p");
+    for (const v1::Expr& i : r.index()) {
+      absl::StatusOr<Value> v = Lower(i);
+      if (!v.ok()) return v.status();
+      if (v->type != ExprType::kInt) return Bad("buffer index type");
+      absl::StrAppend(&call, ", ", v->text);
+    }
+    call += ")";
+    return Emit(type, call);
+  }
+
+  const ExprBufferTable* buffers_;
+  const bool score_allowed_;
+  std::string body_;
+  int next_ = 0;
+  bool uses_imod_ = false;
+};
+
+// The bounds-checked read helper of one buffer slot.
+std::string ReadHelper(int slot, ExprType type, uint32_t rank) {
+  std::string params, checks, offset;
+  for (uint32_t d = 0; d < rank; ++d) {
+    absl::StrAppend(&params, ", int i", d);
+    absl::StrAppend(&checks, "  if (i", d, " < 0 || static_cast<kc_i64>(i", d, ") >= buf.extent[",
+                    d, "]) return ", type == ExprType::kBool ? "false" : "0", ";\n");
+    absl::StrAppend(&offset, d == 0 ? "" : " + ", "static_cast<kc_i64>(i", d, ") * buf.stride[", d,
+                    "]");
+  }
+  const char* zero = type == ExprType::kBool ? "false" : "0";
+  std::string load;
+  switch (type) {
+    case ExprType::kInt:
+      load = "static_cast<const kc_i32*>(buf.ptr)[off]";
+      break;
+    case ExprType::kFloat:
+      load = "static_cast<const float*>(buf.ptr)[off]";
+      break;
+    case ExprType::kBool:
+      load = "static_cast<const kc_i8*>(buf.ptr)[off] != 0";
+      break;
+  }
+  return absl::StrCat("__device__ __forceinline__ ", CType(type), " kc_read_", slot,
+                      "(const kcache::AttentionParams& p", params, ") {\n",
+                      "  const kcache::KcBuffer& buf = p.buffers[", slot, "];\n",
+                      "  if (buf.ptr == nullptr || buf.rank != ", rank, ") return ", zero, ";\n",
+                      checks, "  const kc_i64 off = ", offset, ";\n", "  return ", load, ";\n}\n");
+}
+
+constexpr const char* kImodHelper =
+    "// Mathematical modulus in [0, |m|); 0 when m == 0. Unsigned arithmetic:\n"
+    "// defined for INT_MIN too.\n"
+    "__device__ __forceinline__ int kc_imod(int a, int m) {\n"
+    "  const unsigned um = m < 0 ? 0u - static_cast<unsigned>(m) : static_cast<unsigned>(m);\n"
+    "  if (um == 0u) return 0;\n"
+    "  if (a >= 0) return static_cast<int>(static_cast<unsigned>(a) % um);\n"
+    "  const unsigned r = (0u - static_cast<unsigned>(a)) % um;\n"
+    "  return r == 0u ? 0 : static_cast<int>(um - r);\n"
+    "}\n";
+
+}  // namespace
+
+std::string HexFloatLiteral(float v) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "%af", static_cast<double>(v));
+  return buf;
+}
+
+std::string IntLiteral(int v) {
+  if (v == INT_MIN) return "(-2147483647 - 1)";
+  if (v < 0) return absl::StrCat("(", v, ")");
+  return absl::StrCat(v);
+}
+
+absl::StatusOr<std::string> LowerSpecExpressions(const v1::AttentionSpec& spec) {
+  const bool mask_expr = spec.mask().has_expr();
+  const bool score_expr = spec.score_mod().has_expr();
+  if (!mask_expr && !score_expr) return std::string();
+  const ExprBufferTable buffers = BuildBufferTable(spec);
+
+  std::string functions;
+  bool uses_imod = false;
+  const char* kUnused = "  (void)b; (void)h; (void)q_idx; (void)kv_idx; (void)p;\n";
+  if (mask_expr) {
+    Lowerer l(&buffers, /*score_allowed=*/false);
+    absl::StatusOr<Value> v = l.Lower(spec.mask().expr().predicate());
+    if (!v.ok()) return v.status();
+    if (v->type != ExprType::kBool) {
+      return absl::InvalidArgumentError("mask expression is not bool; validate the spec first");
+    }
+    uses_imod |= l.uses_imod();
+    absl::StrAppend(&functions,
+                    "__device__ __forceinline__ bool kc_expr_mask(int b, int h, int q_idx, "
+                    "int kv_idx,\n"
+                    "                                             const kcache::AttentionParams& "
+                    "p) {\n",
+                    kUnused, l.body(), "  return ", v->text, ";\n}\n");
+  }
+  if (score_expr) {
+    Lowerer l(&buffers, /*score_allowed=*/true);
+    absl::StatusOr<Value> v = l.Lower(spec.score_mod().expr().value());
+    if (!v.ok()) return v.status();
+    if (v->type != ExprType::kFloat) {
+      return absl::InvalidArgumentError("score expression is not float; validate the spec first");
+    }
+    uses_imod |= l.uses_imod();
+    absl::StrAppend(&functions,
+                    "__device__ __forceinline__ float kc_expr_score(float score, int b, int h, "
+                    "int q_idx, int kv_idx,\n"
+                    "                                               const "
+                    "kcache::AttentionParams& p) {\n",
+                    "  (void)score;\n", kUnused, l.body(), "  return ", v->text, ";\n}\n");
+  }
+
+  std::string out = "// --- generated from the spec's expression trees ---\n";
+  for (int i = 0; i < spec.buffers_size(); ++i) {
+    ExprType t;
+    if (!ElemTypeToExprType(spec.buffers(i).type(), &t)) {
+      return absl::InvalidArgumentError("buffer without element type; validate the spec first");
+    }
+    absl::StrAppend(&out, ReadHelper(i, t, spec.buffers(i).rank()));
+  }
+  if (uses_imod) out += kImodHelper;
+  out += functions;
+  return out;
+}
+
+}  // namespace kcache::attention
