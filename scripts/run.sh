@@ -1,12 +1,11 @@
 #!/usr/bin/env bash
-# Sets up, builds and runs kcache's main program on the embedded default
-# store under .kcache/ in the working tree.
+# Sets up, builds and runs the kcache daemon on the embedded default: the
+# store in .kcache/store and the socket .kcache/kcached.sock under the
+# working tree, Prometheus metrics on 127.0.0.1:9464. Extra arguments are
+# passed to kcached (see `kcached --help`). Stop it with Ctrl-C (SIGINT) or
+# SIGTERM: it shuts down gracefully.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/build.sh
 mkdir -p .kcache
-BUILD_DIR=${KCACHE_BUILD_DIR:-build}
-if [[ -x "$BUILD_DIR/service/kcached" ]]; then
-  exec "$BUILD_DIR/service/kcached" --store=.kcache/store --socket=.kcache/kcached.sock "$@"
-fi
-exec "$BUILD_DIR/cache/kcache-store" --store=.kcache/store stats "$@"
+exec "${KCACHE_BUILD_DIR:-build}/bin/kcached" --metrics_address=127.0.0.1:9464 "$@"

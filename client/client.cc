@@ -1,0 +1,264 @@
+#include "client/client.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <algorithm>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "client/cuda_loader.h"
+
+namespace kcache {
+
+namespace ci = client_internal;
+
+struct Client::Flight {
+  absl::Notification done;
+  absl::Status status;
+  std::shared_ptr<const v1::GetKernelResponse> response;
+  std::shared_ptr<const LoadedKernel> loaded;
+};
+
+void* LoadedKernel::Function(v1::EntryRole role) const {
+  for (const auto& e : response->record().entry_points()) {
+    if (e.role() == role) {
+      auto it = functions.find(e.name());
+      return it == functions.end() ? nullptr : it->second;
+    }
+  }
+  return nullptr;
+}
+
+absl::Status FromGrpcStatus(const grpc::Status& status) {
+  if (status.ok()) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
+}
+
+absl::StatusOr<std::unique_ptr<Client>> Client::Create(ClientOptions options) {
+  if (options.target.empty()) return absl::InvalidArgumentError("ClientOptions.target: empty");
+  return std::unique_ptr<Client>(new Client(std::move(options)));
+}
+
+Client::Client(ClientOptions options) : options_(std::move(options)) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(options_.max_message_bytes);
+  args.SetMaxSendMessageSize(options_.max_message_bytes);
+  // Reconnect quickly after a daemon restart; our own loop backs off.
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 20);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  channel_ = grpc::CreateCustomChannel(options_.target, grpc::InsecureChannelCredentials(), args);
+  stub_ = v1::KernelService::NewStub(channel_);
+}
+
+Client::~Client() {
+  auto api = ci::GetCudaApi();
+  absl::MutexLock lock(&mu_);
+  if (!api.ok()) return;
+  for (auto& [k, f] : loads_) {
+    if (f->done.HasBeenNotified() && f->loaded && f->loaded->module != nullptr) {
+      (*api)->cuModuleUnload(static_cast<ci::CUmodule>(f->loaded->module));
+    }
+  }
+}
+
+uint64_t Client::rpc_count() const {
+  absl::MutexLock lock(&mu_);
+  return rpcs_;
+}
+
+absl::StatusOr<std::shared_ptr<const v1::GetKernelResponse>> Client::CallGetKernel(
+    const v1::GetKernelRequest& request, absl::Time deadline) {
+  absl::Duration backoff = options_.initial_backoff;
+  for (;;) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(deadline));
+    // Wait for the channel to connect rather than failing at once while the
+    // daemon starts; the deadline bounds it.
+    ctx.set_wait_for_ready(true);
+    auto resp = std::make_shared<v1::GetKernelResponse>();
+    {
+      absl::MutexLock lock(&mu_);
+      ++rpcs_;
+    }
+    grpc::Status st = stub_->GetKernel(&ctx, request, resp.get());
+    if (st.ok()) return std::shared_ptr<const v1::GetKernelResponse>(std::move(resp));
+    bool retry = st.error_code() == grpc::StatusCode::UNAVAILABLE ||
+                 st.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED;
+    absl::Time now = absl::Now();
+    if (!retry || now + backoff >= deadline) {
+      if (st.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED && rpcs_ > 0) {
+        // gRPC says DEADLINE_EXCEEDED both when no daemon ever answered
+        // and when a compile ran too long; say which where we can tell.
+        auto state = channel_->GetState(false);
+        if (state != GRPC_CHANNEL_READY && state != GRPC_CHANNEL_IDLE) {
+          return absl::UnavailableError(absl::StrCat("no kcache daemon answered at ",
+                                                     options_.target, " before the deadline"));
+        }
+      }
+      return FromGrpcStatus(st);
+    }
+    // A server-provided hint wins over our own backoff.
+    absl::Duration wait = backoff;
+    auto hint = ctx.GetServerTrailingMetadata().find("retry-after-ms");
+    if (hint != ctx.GetServerTrailingMetadata().end()) {
+      int ms = 0;
+      if (absl::SimpleAtoi(std::string_view(hint->second.data(), hint->second.size()), &ms)) {
+        wait = absl::Milliseconds(std::clamp(ms, 1, 10000));
+      }
+    }
+    absl::SleepFor(std::min(wait, deadline - now));
+    backoff = std::min(backoff * 2, options_.max_backoff);
+  }
+}
+
+absl::StatusOr<std::shared_ptr<const v1::GetKernelResponse>> Client::Fetch(
+    const v1::AttentionSpec& spec, const v1::Target& target, absl::Duration deadline) {
+  v1::GetKernelRequest req;
+  *req.mutable_spec() = spec;
+  *req.mutable_target() = target;
+  std::string memo_key;
+  {
+    google::protobuf::io::StringOutputStream out(&memo_key);
+    google::protobuf::io::CodedOutputStream coded(&out);
+    coded.SetSerializationDeterministic(true);
+    req.SerializeToCodedStream(&coded);
+  }
+  std::shared_ptr<Flight> flight;
+  bool leader = false;
+  {
+    absl::MutexLock lock(&mu_);
+    auto& slot = fetches_[memo_key];
+    if (!slot) {
+      slot = std::make_shared<Flight>();
+      leader = true;
+    }
+    flight = slot;
+  }
+  absl::Time until = absl::Now() + (deadline > absl::ZeroDuration() ? deadline
+                                                                    : options_.default_deadline);
+  if (leader) {
+    auto r = CallGetKernel(req, until);
+    if (r.ok()) {
+      flight->response = *r;
+    } else {
+      flight->status = r.status();
+      absl::MutexLock lock(&mu_);
+      fetches_.erase(memo_key);  // failures are not memoized: the next call asks again
+    }
+    flight->done.Notify();
+  } else if (!flight->done.WaitForNotificationWithDeadline(until)) {
+    return absl::DeadlineExceededError("waiting for another thread's request for this kernel");
+  }
+  if (!flight->status.ok()) return flight->status;
+  return flight->response;
+}
+
+absl::StatusOr<std::shared_ptr<const LoadedKernel>> Client::Load(const v1::AttentionSpec& spec,
+                                                                 v1::Target target,
+                                                                 absl::Duration deadline) {
+  auto api_or = ci::GetCudaApi();
+  if (!api_or.ok()) return api_or.status();
+  const ci::CudaApi& api = **api_or;
+  ci::CUcontext ctx = nullptr;
+  if (auto st = ci::CudaStatus(api, api.cuCtxGetCurrent(&ctx), "cuCtxGetCurrent"); !st.ok()) {
+    return st;
+  }
+  if (ctx == nullptr) {
+    return absl::FailedPreconditionError("Client::Load: no current CUDA context on this thread");
+  }
+  if (target.where_case() == v1::Target::WHERE_NOT_SET) {
+    ci::CUdevice dev = 0;
+    int major = 0, minor = 0;
+    if (auto st = ci::CudaStatus(api, api.cuCtxGetDevice(&dev), "cuCtxGetDevice"); !st.ok()) {
+      return st;
+    }
+    // 75/76 = CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR/MINOR
+    api.cuDeviceGetAttribute(&major, 75, dev);
+    api.cuDeviceGetAttribute(&minor, 76, dev);
+    // Arch-specific features (wgmma) need the 'a' target, which runs only
+    // on exactly this compute capability: right for a cubin loaded here.
+    target.set_arch(absl::StrCat("sm_", major, minor, major >= 9 ? "a" : ""));
+  }
+  if (target.driver_version() == 0) {
+    int v = 0;
+    api.cuDriverGetVersion(&v);
+    target.set_driver_version(v);
+  }
+  auto resp = Fetch(spec, target, deadline);
+  if (!resp.ok()) return resp.status();
+
+  std::string load_key =
+      absl::StrCat((*resp)->record().key(), "@", reinterpret_cast<uintptr_t>(ctx));
+  std::shared_ptr<Flight> flight;
+  bool leader = false;
+  {
+    absl::MutexLock lock(&mu_);
+    auto& slot = loads_[load_key];
+    if (!slot) {
+      slot = std::make_shared<Flight>();
+      leader = true;
+    }
+    flight = slot;
+  }
+  if (!leader) {
+    flight->done.WaitForNotification();  // a module load is short and bounded
+    if (!flight->status.ok()) return flight->status;
+    return flight->loaded;
+  }
+  auto loaded = std::make_shared<LoadedKernel>();
+  loaded->response = *resp;
+  loaded->context = ctx;
+  absl::Status st = [&]() -> absl::Status {
+    ci::CUmodule mod = nullptr;
+    if (auto s = ci::CudaStatus(api, api.cuModuleLoadData(&mod, (*resp)->cubin().data()),
+                                "cuModuleLoadData");
+        !s.ok()) {
+      return s;
+    }
+    loaded->module = mod;
+    for (const auto& e : (*resp)->record().entry_points()) {
+      ci::CUfunction fn = nullptr;
+      if (auto s = ci::CudaStatus(api, api.cuModuleGetFunction(&fn, mod, e.name().c_str()),
+                                  "cuModuleGetFunction");
+          !s.ok()) {
+        return s;
+      }
+      if (e.dynamic_smem_bytes() > 48 * 1024) {
+        // 8 = CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+        if (auto s = ci::CudaStatus(
+                api, api.cuFuncSetAttribute(fn, 8, static_cast<int>(e.dynamic_smem_bytes())),
+                "cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)");
+            !s.ok()) {
+          return s;
+        }
+      }
+      loaded->functions[e.name()] = fn;
+    }
+    return absl::OkStatus();
+  }();
+  if (!st.ok()) {
+    if (loaded->module != nullptr) api.cuModuleUnload(static_cast<ci::CUmodule>(loaded->module));
+    flight->status = st;
+    absl::MutexLock lock(&mu_);
+    loads_.erase(load_key);
+  } else {
+    flight->loaded = loaded;
+  }
+  flight->done.Notify();
+  if (!st.ok()) return st;
+  return std::shared_ptr<const LoadedKernel>(loaded);
+}
+
+absl::StatusOr<v1::PrefetchResponse> Client::Prefetch(const v1::PrefetchRequest& request,
+                                                      absl::Duration deadline) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + deadline));
+  ctx.set_wait_for_ready(true);
+  v1::PrefetchResponse resp;
+  grpc::Status st = stub_->Prefetch(&ctx, request, &resp);
+  if (!st.ok()) return FromGrpcStatus(st);
+  return resp;
+}
+
+}  // namespace kcache

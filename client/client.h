@@ -1,0 +1,110 @@
+// kcache::Client: how a trainer gets finished attention kernels from the node
+// daemon (kcached). It never compiles: it asks the daemon over gRPC, and loads
+// the returned cubin with the CUDA driver into the caller's current context.
+//
+// Thread-safety: a Client is safe for concurrent use from any number of
+// threads. It holds one channel. Concurrent requests for the same spec and
+// target share one RPC, and a kernel is loaded once per (key, CUDA context):
+// later calls return the memoized module and functions.
+//
+// Ownership: loaded modules live until the Client is destroyed (they are
+// unloaded then, in whichever context they belong to; destroy the Client
+// before destroying those contexts).
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "kcache/v1/service.grpc.pb.h"
+
+namespace kcache {
+
+struct ClientOptions {
+  // gRPC target: "unix:/abs/path.sock", "unix:relative.sock" or "host:port".
+  std::string target = "unix:.kcache/kcached.sock";
+  // Deadline of one GetKernel when the caller gives none; a cold compile can
+  // take a while.
+  absl::Duration default_deadline = absl::Minutes(10);
+  // While the daemon is unavailable (not started yet, restarting), retry
+  // with exponential backoff, within the call's deadline.
+  absl::Duration initial_backoff = absl::Milliseconds(20);
+  absl::Duration max_backoff = absl::Seconds(1);
+  int max_message_bytes = 64 << 20;
+};
+
+// A kernel loaded into one CUDA context.
+struct LoadedKernel {
+  std::shared_ptr<const v1::GetKernelResponse> response;  // record + cubin
+  void* context = nullptr;                                // CUcontext
+  void* module = nullptr;                                 // CUmodule
+  // Entry-point name -> CUfunction, for every entry in the record, with its
+  // dynamic shared memory limit already raised to what the record says.
+  std::map<std::string, void*> functions;
+
+  // The CUfunction of the first entry with this role, or nullptr.
+  void* Function(v1::EntryRole role) const;
+};
+
+class Client {
+ public:
+  // Creates the channel; does not wait for the daemon.
+  static absl::StatusOr<std::unique_ptr<Client>> Create(ClientOptions options);
+  ~Client();
+  Client(const Client&) = delete;
+  Client& operator=(const Client&) = delete;
+
+  // Asks the daemon for a finished kernel and waits for it (cache hit, or
+  // the daemon's compile). Memoized per (spec, target): the second call for
+  // the same request makes no RPC. Errors carry the daemon's code and
+  // message: InvalidArgument (a bad spec field), FailedPrecondition (the
+  // compile failed; the message holds the log), DeadlineExceeded, and
+  // Unavailable when no daemon answered before the deadline ("no kcache
+  // daemon at unix:...").
+  absl::StatusOr<std::shared_ptr<const v1::GetKernelResponse>> Fetch(
+      const v1::AttentionSpec& spec, const v1::Target& target,
+      absl::Duration deadline = absl::ZeroDuration());
+
+  // Fetch, then load into the calling thread's current CUDA context (which
+  // must be set, e.g. by the CUDA runtime or cuCtxSetCurrent). An unset
+  // target arch is filled from the context's device. Once per (key,
+  // context).
+  absl::StatusOr<std::shared_ptr<const LoadedKernel>> Load(
+      const v1::AttentionSpec& spec, v1::Target target = {},
+      absl::Duration deadline = absl::ZeroDuration());
+
+  // Schedules compiles at pre-population priority; returns per spec.
+  absl::StatusOr<v1::PrefetchResponse> Prefetch(const v1::PrefetchRequest& request,
+                                                absl::Duration deadline = absl::Seconds(30));
+
+  // Number of GetKernel RPCs this client has made (for tests and metrics).
+  uint64_t rpc_count() const;
+
+ private:
+  explicit Client(ClientOptions options);
+
+  struct Flight;  // one in-progress fetch or load, shared by its waiters
+  absl::StatusOr<std::shared_ptr<const v1::GetKernelResponse>> CallGetKernel(
+      const v1::GetKernelRequest& request, absl::Time deadline);
+
+  const ClientOptions options_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::KernelService::Stub> stub_;
+
+  mutable absl::Mutex mu_;
+  // Request bytes -> in-flight or finished fetch.
+  absl::flat_hash_map<std::string, std::shared_ptr<Flight>> fetches_ ABSL_GUARDED_BY(mu_);
+  // Record key + context -> in-flight or finished load.
+  absl::flat_hash_map<std::string, std::shared_ptr<Flight>> loads_ ABSL_GUARDED_BY(mu_);
+  uint64_t rpcs_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+// The one adapter from grpc::Status to absl::Status (codes map 1:1).
+absl::Status FromGrpcStatus(const grpc::Status& status);
+
+}  // namespace kcache

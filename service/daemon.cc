@@ -1,0 +1,294 @@
+#include "service/daemon.h"
+
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "cache/key.h"
+#include "cache/store.h"
+#include "compiler/cuda_driver.h"
+#include "compiler/nvrtc.h"
+#include "compiler/scheduler.h"
+#include "compiler/toolchain.h"
+#include "compiler/worker_pool.h"
+#include "service/config.h"
+#include "service/grpc_services.h"
+#include "service/http_server.h"
+#include "service/kernel_backend.h"
+#include "service/metrics.h"
+
+namespace kcache {
+
+namespace fs = std::filesystem;
+
+struct Daemon::Impl {
+  v1::DaemonConfig config;
+  MetricsRegistry metrics;
+  ServingState state;
+  std::unique_ptr<Store> store;
+  std::unique_ptr<Nvrtc> nvrtc;
+  std::unique_ptr<CudaDevices> devices;
+  std::unique_ptr<WorkerPool> workers;
+  std::unique_ptr<Scheduler> scheduler;
+  std::unique_ptr<KernelBackend> backend;
+  std::unique_ptr<KernelServiceImpl> kernel_service;
+  std::unique_ptr<AdminServiceImpl> admin_local;
+  std::unique_ptr<AdminServiceImpl> admin_tcp;
+  std::unique_ptr<grpc::Server> local_server;
+  std::unique_ptr<grpc::Server> tcp_server;
+  std::unique_ptr<HttpServer> http;
+  int tcp_port = 0;
+  absl::Mutex shutdown_mu;
+  bool shut_down ABSL_GUARDED_BY(shutdown_mu) = false;
+};
+
+namespace {
+
+// A socket file left by a daemon that died is removed; one that a live
+// daemon answers on is an error (two daemons on one store/socket).
+absl::Status PrepareSocketPath(const std::string& path) {
+  std::error_code ec;
+  fs::create_directories(fs::path(path).parent_path().empty() ? fs::path(".")
+                                                              : fs::path(path).parent_path(),
+                         ec);
+  if (!fs::exists(path)) return absl::OkStatus();
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
+  bool live = connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+  close(fd);
+  if (live) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("socket_path: another process is serving on ", path));
+  }
+  fs::remove(path, ec);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> ReadFile(const std::string& path, const char* what) {
+  std::ifstream in(path);
+  if (!in) return absl::InvalidArgumentError(absl::StrCat(what, ": cannot read '", path, "'"));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const v1::DaemonConfig& config) {
+  if (absl::Status st = ValidateDaemonConfig(config); !st.ok()) return st;
+  auto d = std::make_unique<Impl>();
+  d->config = config;
+  const v1::DaemonConfig& c = d->config;
+
+  // The store first: a store held by another daemon is the commonest
+  // start-up error, and it costs nothing else.
+  StoreOptions so;
+  so.hot_cache_bytes = c.memory_cache_bytes();
+  so.stats_flush_interval = absl::Milliseconds(c.stats_flush_ms());
+  so.eviction_grace_period = absl::Milliseconds(c.eviction_grace_ms());
+  auto store = Store::Open(c.store_path(), so);
+  if (!store.ok()) {
+    return absl::Status(store.status().code(),
+                        absl::StrCat("store_path ", c.store_path(), ": ", store.status().message()));
+  }
+  d->store = *std::move(store);
+
+  // NVRTC and the toolchain. A missing NVRTC is not fatal: the daemon still
+  // serves admin calls, and kernel requests say why they cannot compile.
+  d->nvrtc = std::make_unique<Nvrtc>(c.nvrtc_path());
+  v1::Toolchain toolchain;
+  absl::Status toolchain_status;
+  if (auto tc = NvrtcToolchain(*d->nvrtc); tc.ok()) {
+    toolchain = *tc;
+    if (!c.toolchain_salt().empty()) {
+      // Tests: pose as another toolchain (another build of the compiler).
+      std::vector<std::string> opts(toolchain.options().begin(), toolchain.options().end());
+      toolchain = MakeToolchain(toolchain.compiler(), toolchain.version(),
+                                absl::StrCat(toolchain.build(), "+", c.toolchain_salt()), opts);
+    }
+  } else {
+    toolchain_status = tc.status();
+  }
+
+  d->devices = CudaDevices::Open();
+  WorkerPoolOptions wo;
+  wo.worker_path = c.worker_path();
+  wo.nvrtc_path = c.nvrtc_path();
+  unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  int threads = c.compile_threads() ? static_cast<int>(c.compile_threads()) : static_cast<int>(cores);
+  wo.max_workers = c.compile_workers() ? static_cast<int>(c.compile_workers()) : threads;
+  d->workers = std::make_unique<WorkerPool>(wo);
+
+  Scheduler::Options sched;
+  sched.compile_threads = threads;
+  sched.max_queue_depth = static_cast<int>(c.max_queue_depth());
+  sched.error_ttl = absl::Milliseconds(c.error_memo_ms());
+  d->scheduler = std::make_unique<Scheduler>(sched);
+
+  BackendDeps deps;
+  deps.store = d->store.get();
+  deps.scheduler = d->scheduler.get();
+  deps.compiler = d->workers.get();
+  deps.devices = d->devices.get();
+  deps.toolchain = toolchain;
+  deps.toolchain_status = toolchain_status;
+  deps.config = c;
+  deps.metrics = &d->metrics;
+  d->backend = std::make_unique<KernelBackend>(std::move(deps));
+
+  // Metrics that are read at scrape time.
+  Scheduler* sp = d->scheduler.get();
+  d->metrics.AddGauge("kcache_queue_depth", "Compiles queued per queue", [sp] {
+    std::vector<std::pair<std::string, double>> out;
+    for (const QueueStats& q : sp->Stats()) {
+      out.emplace_back(absl::StrCat("queue=\"", q.name, "\""), q.depth);
+    }
+    return out;
+  });
+  Store* st = d->store.get();
+  d->metrics.AddGauge("kcache_store_bytes", "Distinct cubin bytes in the store", [st] {
+    std::vector<std::pair<std::string, double>> out;
+    if (auto s = st->Stats(); s.ok()) {
+      out.emplace_back("", static_cast<double>(s->blob_bytes()));
+      out.emplace_back("kind=\"entries\"", static_cast<double>(s->entries()));
+      out.emplace_back("kind=\"quarantined\"", static_cast<double>(s->quarantined()));
+    }
+    return out;
+  });
+
+  // gRPC.
+  uint64_t max_spec = std::min<uint64_t>(c.max_message_bytes(), 1u << 20);
+  d->kernel_service = std::make_unique<KernelServiceImpl>(
+      d->backend.get(), &d->state, max_spec, absl::Milliseconds(c.default_deadline_ms()));
+  d->admin_local = std::make_unique<AdminServiceImpl>(d->store.get(), d->backend.get(), &d->state, "");
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+
+  if (!c.socket_path().empty()) {
+    if (absl::Status s = PrepareSocketPath(c.socket_path()); !s.ok()) return s;
+    std::string abs = fs::absolute(c.socket_path()).string();
+    grpc::ServerBuilder b;
+    b.AddListeningPort(absl::StrCat("unix:", abs), grpc::InsecureServerCredentials());
+    b.SetMaxReceiveMessageSize(static_cast<int>(c.max_message_bytes()));
+    b.SetMaxSendMessageSize(static_cast<int>(c.max_message_bytes()));
+    b.RegisterService(d->kernel_service.get());
+    b.RegisterService(d->admin_local.get());
+    d->local_server = b.BuildAndStart();
+    if (d->local_server == nullptr) {
+      return absl::UnavailableError(absl::StrCat("socket_path: cannot listen on ", abs));
+    }
+    if (chmod(abs.c_str(), 0660) != 0) {
+      return absl::InternalError(absl::StrCat("chmod 0660 ", abs, ": ", std::strerror(errno)));
+    }
+  }
+  if (!c.tcp_address().empty()) {
+    grpc::ServerBuilder b;
+    std::shared_ptr<grpc::ServerCredentials> creds = grpc::InsecureServerCredentials();
+    bool tls = !c.tls_cert_path().empty();
+    if (tls) {
+      auto cert = ReadFile(c.tls_cert_path(), "tls_cert_path");
+      if (!cert.ok()) return cert.status();
+      auto key = ReadFile(c.tls_key_path(), "tls_key_path");
+      if (!key.ok()) return key.status();
+      grpc::SslServerCredentialsOptions ssl;
+      ssl.pem_key_cert_pairs.push_back({*key, *cert});
+      creds = grpc::SslServerCredentials(ssl);
+    }
+    b.AddListeningPort(c.tcp_address(), creds, &d->tcp_port);
+    b.SetMaxReceiveMessageSize(static_cast<int>(c.max_message_bytes()));
+    b.SetMaxSendMessageSize(static_cast<int>(c.max_message_bytes()));
+    b.RegisterService(d->kernel_service.get());
+    // Admin over TCP only with TLS and a token; otherwise the Unix socket
+    // (and its file mode) is the only way in.
+    if (tls && !c.admin_token_path().empty()) {
+      auto token = ReadFile(c.admin_token_path(), "admin_token_path");
+      if (!token.ok()) return token.status();
+      std::string t(absl::StripAsciiWhitespace(*token));
+      if (t.empty()) return absl::InvalidArgumentError("admin_token_path: the token file is empty");
+      d->admin_tcp = std::make_unique<AdminServiceImpl>(d->store.get(), d->backend.get(),
+                                                        &d->state, t);
+      b.RegisterService(d->admin_tcp.get());
+    }
+    d->tcp_server = b.BuildAndStart();
+    if (d->tcp_server == nullptr) {
+      return absl::UnavailableError(absl::StrCat("tcp_address: cannot listen on ", c.tcp_address()));
+    }
+  }
+  if (!c.metrics_address().empty()) {
+    MetricsRegistry* m = &d->metrics;
+    auto http = HttpServer::Start(c.metrics_address(), [m] { return m->Render(); });
+    if (!http.ok()) return http.status();
+    d->http = *std::move(http);
+  }
+
+  // The start-up report: effective configuration, toolchain, devices.
+  std::cerr << "kcached: configuration " << DaemonConfigToJson(c) << "\n";
+  if (toolchain_status.ok()) {
+    std::cerr << "kcached: toolchain " << toolchain.compiler() << " " << toolchain.version()
+              << " id " << toolchain.id() << "\n";
+  } else {
+    std::cerr << "kcached: WARNING: cannot compile: " << toolchain_status.message() << "\n";
+  }
+  if (!d->backend->compile_only()) {
+    for (const DeviceInfo& dev : d->backend->devices()) {
+      std::cerr << "kcached: device " << dev.ordinal << ": " << dev.name << " (" << dev.arch
+                << ", " << dev.sm_count << " SMs)\n";
+    }
+  } else {
+    absl::Status a = d->devices->Availability();
+    // Availability's message starts with "compile-only mode: ...".
+    std::cerr << "kcached: "
+              << (c.compile_only() ? std::string("compile-only mode (configured)") : std::string(a.message()))
+              << "\n";
+  }
+  std::cerr << "kcached: serving on " << (c.socket_path().empty() ? "" : "unix:" + c.socket_path())
+            << (c.tcp_address().empty() ? "" : absl::StrCat(" tcp port ", d->tcp_port))
+            << (d->http ? absl::StrCat(" metrics port ", d->http->port()) : "") << std::endl;
+  return std::unique_ptr<Daemon>(new Daemon(std::move(d)));
+}
+
+Daemon::Daemon(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+Daemon::~Daemon() { (void)Shutdown(); }
+
+int Daemon::metrics_port() const { return impl_->http ? impl_->http->port() : 0; }
+int Daemon::tcp_port() const { return impl_->tcp_port; }
+
+absl::Status Daemon::Shutdown() {
+  Impl& d = *impl_;
+  absl::MutexLock lock(&d.shutdown_mu);
+  if (d.shut_down) return absl::OkStatus();
+  d.shut_down = true;
+  d.state.shutting_down.store(true);
+  // Queued compiles fail with UNAVAILABLE now; running ones may finish.
+  absl::Status sched = d.scheduler->Shutdown(absl::Milliseconds(d.config.shutdown_grace_ms()));
+  auto deadline = std::chrono::system_clock::now() + std::chrono::seconds(5);
+  if (d.local_server) d.local_server->Shutdown(deadline);
+  if (d.tcp_server) d.tcp_server->Shutdown(deadline);
+  d.http.reset();
+  absl::Status closed = d.store->Close();
+  if (!d.config.socket_path().empty()) {
+    std::error_code ec;
+    fs::remove(d.config.socket_path(), ec);
+  }
+  if (!sched.ok()) return sched;
+  return closed;
+}
+
+}  // namespace kcache

@@ -1,0 +1,301 @@
+#include "service/grpc_services.h"
+
+#include <deque>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "cache/key.h"
+#include "service/grpc_status.h"
+
+namespace kcache {
+
+namespace {
+
+constexpr int kRetryAfterMs = 500;
+constexpr absl::Duration kCancelPoll = absl::Milliseconds(50);
+constexpr size_t kMaxImportBytes = size_t{8} << 30;
+
+grpc::Status Reply(grpc::ServerContext* ctx, const absl::Status& st) {
+  if (st.code() == absl::StatusCode::kResourceExhausted ||
+      st.code() == absl::StatusCode::kUnavailable) {
+    SetRetryHint(ctx, kRetryAfterMs);
+  }
+  return ToGrpcStatus(st);
+}
+
+void FillResponse(const KernelAnswer& a, v1::GetKernelResponse* resp) {
+  *resp->mutable_record() = a.record();
+  resp->set_cubin(a.cubin());
+  resp->set_cache_hit(a.hit);
+}
+
+v1::Progress ToProto(const ProgressEvent& e) {
+  v1::Progress p;
+  p.set_phase(static_cast<v1::Progress::Phase>(static_cast<int>(e.phase) + 1));
+  p.set_queue_position(static_cast<uint32_t>(e.queue_position));
+  p.set_queue(e.queue);
+  return p;
+}
+
+}  // namespace
+
+// --- KernelService -----------------------------------------------------------
+
+absl::Status KernelServiceImpl::Admit(grpc::ServerContext* ctx,
+                                      const v1::GetKernelRequest& req) const {
+  if (state_->shutting_down.load()) return absl::UnavailableError("kcached is shutting down");
+  if (req.spec().ByteSizeLong() > max_spec_bytes_) {
+    return absl::InvalidArgumentError(absl::StrCat("spec: ", req.spec().ByteSizeLong(),
+                                                   " bytes, over the limit of ", max_spec_bytes_));
+  }
+  return absl::OkStatus();
+}
+
+absl::Time KernelServiceImpl::DeadlineOf(grpc::ServerContext* ctx) const {
+  absl::Time d = absl::FromChrono(ctx->deadline());
+  absl::Time cap = absl::Now() + default_deadline_;
+  return d < cap ? d : cap;  // no deadline from the client = far future
+}
+
+grpc::Status KernelServiceImpl::GetKernel(grpc::ServerContext* ctx,
+                                          const v1::GetKernelRequest* req,
+                                          v1::GetKernelResponse* resp) {
+  if (absl::Status st = Admit(ctx, *req); !st.ok()) return Reply(ctx, st);
+  auto pending = backend_->Begin(*req, DeadlineOf(ctx));
+  if (!pending.ok()) return Reply(ctx, pending.status());
+  if (pending->ticket == nullptr) {
+    FillResponse(pending->answer, resp);
+    return grpc::Status::OK;
+  }
+  for (;;) {
+    if (ctx->IsCancelled()) return grpc::Status(grpc::StatusCode::CANCELLED, "client went away");
+    auto r = pending->ticket->WaitUntil(absl::Now() + kCancelPoll);
+    if (!r.has_value()) continue;
+    auto answer = KernelBackend::Answer(*std::move(r));
+    if (!answer.ok()) return Reply(ctx, answer.status());
+    FillResponse(*answer, resp);
+    return grpc::Status::OK;
+  }
+}
+
+grpc::Status KernelServiceImpl::GetKernelStream(grpc::ServerContext* ctx,
+                                                const v1::GetKernelRequest* req,
+                                                grpc::ServerWriter<v1::GetKernelEvent>* writer) {
+  if (absl::Status st = Admit(ctx, *req); !st.ok()) return Reply(ctx, st);
+  // Progress arrives on compile threads; only this thread writes the stream.
+  struct Events {
+    absl::Mutex mu;
+    std::deque<ProgressEvent> queue ABSL_GUARDED_BY(mu);
+  };
+  auto events = std::make_shared<Events>();
+  auto pending = backend_->Begin(*req, DeadlineOf(ctx), [events](const ProgressEvent& e) {
+    absl::MutexLock lock(&events->mu);
+    events->queue.push_back(e);
+  });
+  if (!pending.ok()) return Reply(ctx, pending.status());
+  auto drain = [&]() {
+    std::deque<ProgressEvent> out;
+    {
+      absl::MutexLock lock(&events->mu);
+      out.swap(events->queue);
+    }
+    for (const ProgressEvent& e : out) {
+      // The final event travels as the result (or the status) below.
+      if (e.phase == Phase::kDone || e.phase == Phase::kFailed) continue;
+      v1::GetKernelEvent ev;
+      *ev.mutable_progress() = ToProto(e);
+      writer->Write(ev);
+    }
+  };
+  std::optional<CompileResult> result;
+  if (pending->ticket != nullptr) {
+    while (!result.has_value()) {
+      if (ctx->IsCancelled()) return grpc::Status(grpc::StatusCode::CANCELLED, "client went away");
+      result = pending->ticket->WaitUntil(absl::Now() + kCancelPoll);
+      drain();
+    }
+  }
+  KernelAnswer answer = pending->answer;
+  if (result.has_value()) {
+    auto a = KernelBackend::Answer(*std::move(result));
+    if (!a.ok()) return Reply(ctx, a.status());
+    answer = *std::move(a);
+  }
+  v1::GetKernelEvent done;
+  done.mutable_result();
+  FillResponse(answer, done.mutable_result());
+  writer->Write(done);
+  return grpc::Status::OK;
+}
+
+grpc::Status KernelServiceImpl::Prefetch(grpc::ServerContext* ctx, const v1::PrefetchRequest* req,
+                                         v1::PrefetchResponse* resp) {
+  if (state_->shutting_down.load()) {
+    return Reply(ctx, absl::UnavailableError("kcached is shutting down"));
+  }
+  for (int i = 0; i < req->requests_size(); ++i) {
+    if (req->requests(i).spec().ByteSizeLong() > max_spec_bytes_) {
+      return Reply(ctx, absl::InvalidArgumentError(
+                            absl::StrCat("requests[", i, "].spec: over the size limit of ",
+                                         max_spec_bytes_, " bytes")));
+    }
+  }
+  *resp = backend_->Prefetch(*req);
+  return grpc::Status::OK;
+}
+
+// --- AdminService ------------------------------------------------------------
+
+absl::Status AdminServiceImpl::Authorize(grpc::ServerContext* ctx) const {
+  if (state_->shutting_down.load()) return absl::UnavailableError("kcached is shutting down");
+  if (token_.empty()) return absl::OkStatus();
+  auto it = ctx->client_metadata().find("authorization");
+  if (it == ctx->client_metadata().end() ||
+      std::string_view(it->second.data(), it->second.size()) != absl::StrCat("Bearer ", token_)) {
+    return absl::PermissionDeniedError("admin calls over TCP need the admin token");
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> AdminServiceImpl::ResolveKey(const std::string& key) {
+  if (ValidateKey(key).ok()) return key;
+  // Not a binary key: a hex key or unique hex prefix, as people type them.
+  return store_->ResolveKeyPrefix(key);
+}
+
+#define KC_AUTHORIZE(ctx)                                           \
+  if (absl::Status _st = Authorize(ctx); !_st.ok()) return Reply(ctx, _st)
+
+grpc::Status AdminServiceImpl::Stats(grpc::ServerContext* ctx, const v1::StatsRequest*,
+                                     v1::StatsResponse* resp) {
+  KC_AUTHORIZE(ctx);
+  auto s = store_->Stats();
+  if (!s.ok()) return Reply(ctx, s.status());
+  *resp = *std::move(s);
+  backend_->FillCounters(resp);
+  return grpc::Status::OK;
+}
+
+grpc::Status AdminServiceImpl::List(grpc::ServerContext* ctx, const v1::ListRequest* req,
+                                    v1::ListResponse* resp) {
+  KC_AUTHORIZE(ctx);
+  auto r = store_->List(req->filter(), req->page_size(), req->page_token());
+  if (!r.ok()) return Reply(ctx, r.status());
+  *resp = *std::move(r);
+  return grpc::Status::OK;
+}
+
+grpc::Status AdminServiceImpl::Inspect(grpc::ServerContext* ctx, const v1::InspectRequest* req,
+                                       v1::InspectResponse* resp) {
+  KC_AUTHORIZE(ctx);
+  auto key = ResolveKey(req->key());
+  if (!key.ok()) return Reply(ctx, key.status());
+  auto e = store_->Inspect(*key);
+  if (!e.ok()) return Reply(ctx, e.status());
+  if (!e->has_value()) return Reply(ctx, absl::NotFoundError("no entry under that key"));
+  *resp->mutable_entry() = **e;
+  return grpc::Status::OK;
+}
+
+grpc::Status AdminServiceImpl::Pin(grpc::ServerContext* ctx, const v1::PinRequest* req,
+                                   v1::PinResponse*) {
+  KC_AUTHORIZE(ctx);
+  auto key = ResolveKey(req->key());
+  if (!key.ok()) return Reply(ctx, key.status());
+  return Reply(ctx, store_->Pin(*key, req->reason()));
+}
+
+grpc::Status AdminServiceImpl::Unpin(grpc::ServerContext* ctx, const v1::PinRequest* req,
+                                     v1::PinResponse*) {
+  KC_AUTHORIZE(ctx);
+  auto key = ResolveKey(req->key());
+  if (!key.ok()) return Reply(ctx, key.status());
+  return Reply(ctx, store_->Unpin(*key));
+}
+
+grpc::Status AdminServiceImpl::Evict(grpc::ServerContext* ctx, const v1::EvictRequest* req,
+                                     v1::EvictResponse* resp) {
+  KC_AUTHORIZE(ctx);
+  std::optional<absl::Duration> grace;
+  if (req->grace_period_ms() > 0) grace = absl::Milliseconds(req->grace_period_ms());
+  auto r = store_->Evict(req->max_bytes(), grace);
+  if (!r.ok()) return Reply(ctx, r.status());
+  *resp = *std::move(r);
+  return grpc::Status::OK;
+}
+
+grpc::Status AdminServiceImpl::Invalidate(grpc::ServerContext* ctx,
+                                          const v1::InvalidateRequest* req,
+                                          v1::InvalidateResponse* resp) {
+  KC_AUTHORIZE(ctx);
+  v1::InvalidateRequest r = *req;
+  if (r.what_case() == v1::InvalidateRequest::kKey) {
+    auto key = ResolveKey(r.key());
+    if (!key.ok()) return Reply(ctx, key.status());
+    r.set_key(*key);
+  }
+  auto out = store_->Invalidate(r);
+  if (!out.ok()) return Reply(ctx, out.status());
+  *resp = *std::move(out);
+  return grpc::Status::OK;
+}
+
+grpc::Status AdminServiceImpl::Verify(grpc::ServerContext* ctx, const v1::VerifyRequest*,
+                                      v1::VerifyResponse* resp) {
+  KC_AUTHORIZE(ctx);
+  auto r = store_->Verify();
+  if (!r.ok()) return Reply(ctx, r.status());
+  *resp = *std::move(r);
+  return grpc::Status::OK;
+}
+
+grpc::Status AdminServiceImpl::Export(grpc::ServerContext* ctx, const v1::ExportRequest* req,
+                                      grpc::ServerWriter<v1::BundleChunk>* writer) {
+  KC_AUTHORIZE(ctx);
+  constexpr size_t kChunk = size_t{1} << 20;
+  std::string buf;
+  auto flush = [&]() -> absl::Status {
+    if (buf.empty()) return absl::OkStatus();
+    v1::BundleChunk c;
+    c.set_data(std::move(buf));
+    buf.clear();
+    if (!writer->Write(c)) return absl::CancelledError("client went away during export");
+    return absl::OkStatus();
+  };
+  auto r = store_->Export(req->filter(), [&](std::string_view piece) -> absl::Status {
+    buf.append(piece);
+    return buf.size() >= kChunk ? flush() : absl::OkStatus();
+  });
+  if (!r.ok()) return Reply(ctx, r.status());
+  return Reply(ctx, flush());
+}
+
+grpc::Status AdminServiceImpl::Import(grpc::ServerContext* ctx,
+                                      grpc::ServerReader<v1::BundleChunk>* reader,
+                                      v1::ImportResponse* resp) {
+  KC_AUTHORIZE(ctx);
+  // The bundle is validated as a whole before anything is written.
+  std::string bundle;
+  v1::BundleChunk c;
+  while (reader->Read(&c)) {
+    if (bundle.size() + c.data().size() > kMaxImportBytes) {
+      return Reply(ctx, absl::ResourceExhaustedError("import: bundle over 8 GiB"));
+    }
+    bundle.append(c.data());
+  }
+  ImportOptions opts;
+  opts.expected_toolchain_id = backend_->toolchain().id();
+  auto it = ctx->client_metadata().find("x-kcache-allow-foreign-toolchain");
+  opts.allow_foreign_toolchain =
+      it != ctx->client_metadata().end() && std::string_view(it->second.data(), it->second.size()) == "1";
+  auto r = store_->Import(bundle, opts);
+  if (!r.ok()) return Reply(ctx, r.status());
+  *resp = *std::move(r);
+  return grpc::Status::OK;
+}
+
+#undef KC_AUTHORIZE
+
+}  // namespace kcache

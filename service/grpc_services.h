@@ -1,0 +1,87 @@
+// The gRPC faces of the daemon: KernelService for trainers and AdminService
+// for ops, both thin adapters over KernelBackend and Store. Synchronous
+// handlers: each waiting request holds one server thread and polls for client
+// cancellation while it waits.
+#pragma once
+
+#include <atomic>
+#include <string>
+
+#include "cache/store.h"
+#include "kcache/v1/service.grpc.pb.h"
+#include "service/kernel_backend.h"
+
+namespace kcache {
+
+// Set once shutdown begins: new requests are answered UNAVAILABLE.
+struct ServingState {
+  std::atomic<bool> shutting_down{false};
+};
+
+class KernelServiceImpl final : public v1::KernelService::Service {
+ public:
+  KernelServiceImpl(KernelBackend* backend, const ServingState* state, uint64_t max_spec_bytes,
+                    absl::Duration default_deadline)
+      : backend_(backend),
+        state_(state),
+        max_spec_bytes_(max_spec_bytes),
+        default_deadline_(default_deadline) {}
+
+  grpc::Status GetKernel(grpc::ServerContext* ctx, const v1::GetKernelRequest* req,
+                         v1::GetKernelResponse* resp) override;
+  grpc::Status GetKernelStream(grpc::ServerContext* ctx, const v1::GetKernelRequest* req,
+                               grpc::ServerWriter<v1::GetKernelEvent>* writer) override;
+  grpc::Status Prefetch(grpc::ServerContext* ctx, const v1::PrefetchRequest* req,
+                        v1::PrefetchResponse* resp) override;
+
+ private:
+  absl::Status Admit(grpc::ServerContext* ctx, const v1::GetKernelRequest& req) const;
+  absl::Time DeadlineOf(grpc::ServerContext* ctx) const;
+
+  KernelBackend* backend_;
+  const ServingState* state_;
+  const uint64_t max_spec_bytes_;
+  const absl::Duration default_deadline_;
+};
+
+class AdminServiceImpl final : public v1::AdminService::Service {
+ public:
+  // `token` non-empty: every call must carry "authorization: Bearer <token>"
+  // (the TCP listener); empty: no check (the Unix socket, guarded by its
+  // file mode).
+  AdminServiceImpl(Store* store, KernelBackend* backend, const ServingState* state,
+                   std::string token)
+      : store_(store), backend_(backend), state_(state), token_(std::move(token)) {}
+
+  grpc::Status Stats(grpc::ServerContext* ctx, const v1::StatsRequest* req,
+                     v1::StatsResponse* resp) override;
+  grpc::Status List(grpc::ServerContext* ctx, const v1::ListRequest* req,
+                    v1::ListResponse* resp) override;
+  grpc::Status Inspect(grpc::ServerContext* ctx, const v1::InspectRequest* req,
+                       v1::InspectResponse* resp) override;
+  grpc::Status Pin(grpc::ServerContext* ctx, const v1::PinRequest* req,
+                   v1::PinResponse* resp) override;
+  grpc::Status Unpin(grpc::ServerContext* ctx, const v1::PinRequest* req,
+                     v1::PinResponse* resp) override;
+  grpc::Status Evict(grpc::ServerContext* ctx, const v1::EvictRequest* req,
+                     v1::EvictResponse* resp) override;
+  grpc::Status Invalidate(grpc::ServerContext* ctx, const v1::InvalidateRequest* req,
+                          v1::InvalidateResponse* resp) override;
+  grpc::Status Verify(grpc::ServerContext* ctx, const v1::VerifyRequest* req,
+                      v1::VerifyResponse* resp) override;
+  grpc::Status Export(grpc::ServerContext* ctx, const v1::ExportRequest* req,
+                      grpc::ServerWriter<v1::BundleChunk>* writer) override;
+  grpc::Status Import(grpc::ServerContext* ctx, grpc::ServerReader<v1::BundleChunk>* reader,
+                      v1::ImportResponse* resp) override;
+
+ private:
+  absl::Status Authorize(grpc::ServerContext* ctx) const;
+  absl::StatusOr<std::string> ResolveKey(const std::string& key_or_prefix);
+
+  Store* store_;
+  KernelBackend* backend_;
+  const ServingState* state_;
+  const std::string token_;
+};
+
+}  // namespace kcache

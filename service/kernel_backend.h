@@ -1,0 +1,112 @@
+// The daemon's kernel path, independent of gRPC: resolve a request (validate
+// and normalize the spec, choose the architecture and the queue, compute the
+// key), answer from the store, or compile through the scheduler (generate,
+// compile in a worker, verify on a device when there is one, publish) so that
+// every waiter of one key receives the same finished kernel.
+//
+// Thread-safe. Holds no lock across the store, the compiler or the driver.
+// Does not own its dependencies, which must outlive it.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "cache/store.h"
+#include "compiler/compile.h"
+#include "compiler/cuda_driver.h"
+#include "compiler/scheduler.h"
+#include "kcache/v1/daemon_config.pb.h"
+#include "kcache/v1/service.pb.h"
+#include "service/metrics.h"
+
+namespace kcache {
+
+struct BackendDeps {
+  Store* store = nullptr;
+  Scheduler* scheduler = nullptr;
+  Compiler* compiler = nullptr;
+  Devices* devices = nullptr;  // null or unavailable: compile-only mode
+  v1::Toolchain toolchain;     // id filled
+  // Not OK when NVRTC could not be loaded: kernel requests answer with it.
+  absl::Status toolchain_status;
+  v1::DaemonConfig config;
+  MetricsRegistry* metrics = nullptr;
+};
+
+// A request resolved to its kernel identity.
+struct ResolvedRequest {
+  v1::AttentionSpec normalized;
+  std::string canonical;  // CanonicalSpecBytes(normalized)
+  std::string arch;       // "sm_90a"
+  std::string queue;      // "gpu0" or the arch in compile-only mode
+  int device = -1;        // device that verifies, or -1
+  std::string key;        // store key
+};
+
+// What a GetKernel answers: the record and cubin, shared and immutable.
+struct KernelAnswer {
+  EntryRef entry;                                 // set on a store hit
+  std::shared_ptr<const CompiledKernel> compiled;  // set after a compile
+  bool hit = false;
+  const v1::KernelRecord& record() const { return entry ? entry->record : compiled->record; }
+  const std::string& cubin() const { return entry ? entry->cubin : compiled->cubin; }
+};
+
+class KernelBackend {
+ public:
+  explicit KernelBackend(BackendDeps deps);
+
+  // InvalidArgument naming the field ("spec.num_kv_heads: ...",
+  // "target.arch: ...", "target.device: ...").
+  absl::StatusOr<ResolvedRequest> Resolve(const v1::GetKernelRequest& request) const;
+
+  // A request under way: answered from the store (`ticket` null, `answer`
+  // set), or waiting for a compile shared with every concurrent request for
+  // the key (`ticket` set; Wait/WaitUntil it, or destroy it to abandon).
+  struct Pending {
+    KernelAnswer answer;
+    std::unique_ptr<Ticket> ticket;
+  };
+  // `progress` (optional) receives the scheduler's events for this waiter.
+  absl::StatusOr<Pending> Begin(const v1::GetKernelRequest& request, absl::Time deadline,
+                                ProgressFn progress = nullptr);
+  // Turns a finished ticket's result into an answer.
+  static absl::StatusOr<KernelAnswer> Answer(CompileResult result);
+
+  // Begin, then wait for the compile (or `cancel`).
+  absl::StatusOr<KernelAnswer> Get(const v1::GetKernelRequest& request, absl::Time deadline,
+                                   CancelToken* cancel = nullptr);
+
+  v1::PrefetchResponse Prefetch(const v1::PrefetchRequest& request);
+
+  // Daemon counters for the admin Stats RPC.
+  void FillCounters(v1::StatsResponse* stats) const;
+
+  const v1::Toolchain& toolchain() const { return deps_.toolchain; }
+  bool compile_only() const { return devices_.empty(); }
+  const std::vector<DeviceInfo>& devices() const { return devices_; }
+
+ private:
+  // Compiles, verifies and publishes one resolved request; runs as a
+  // scheduler job. Re-checks the store first: a request that missed just
+  // before another compile of the key was published must not compile again.
+  CompileResult Compile(const ResolvedRequest& r, absl::Time compile_deadline,
+                        const ReportFn& report);
+  JobFn MakeJob(std::shared_ptr<const ResolvedRequest> r, absl::Time compile_deadline);
+
+  const BackendDeps deps_;
+  std::vector<DeviceInfo> devices_;  // empty in compile-only mode
+
+  Counter* requests_;
+  Counter* hits_;
+  Counter* misses_;
+  Counter* compiles_;
+  Counter* compile_failures_;
+  Counter* invalid_;
+  Histogram* compile_seconds_;
+};
+
+}  // namespace kcache

@@ -1,0 +1,40 @@
+// kcached: the kcache node daemon. A thin main over service/daemon.h.
+#include <csignal>
+#include <iostream>
+
+#include "service/config.h"
+#include "service/daemon.h"
+
+int main(int argc, char** argv) {
+  auto config = kcache::ParseDaemonConfig(std::vector<std::string>(argv + 1, argv + argc));
+  if (!config.ok()) {
+    bool help = config.status().code() == absl::StatusCode::kCancelled;
+    (help ? std::cout : std::cerr) << (help ? "" : "kcached: ") << config.status().message()
+                                   << (help ? "" : "\n");
+    return help ? 0 : 2;
+  }
+  // Signals are taken synchronously by this thread, so shutdown runs here
+  // and not in a handler.
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  auto daemon = kcache::Daemon::Start(*config);
+  if (!daemon.ok()) {
+    std::cerr << "kcached: " << daemon.status().message() << "\n";
+    return 1;
+  }
+  int sig = 0;
+  sigwait(&set, &sig);
+  std::cerr << "kcached: signal " << sig << ", shutting down" << std::endl;
+  absl::Status st = (*daemon)->Shutdown();
+  if (!st.ok()) {
+    std::cerr << "kcached: shutdown: " << st.message() << "\n";
+    return 1;
+  }
+  std::cerr << "kcached: stopped" << std::endl;
+  return 0;
+}
