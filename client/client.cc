@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "absl/status/status.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "client/cuda_loader.h"
@@ -87,7 +88,7 @@ absl::StatusOr<std::shared_ptr<const v1::GetKernelResponse>> Client::CallGetKern
                  st.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED;
     absl::Time now = absl::Now();
     if (!retry || now + backoff >= deadline) {
-      if (st.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED && rpcs_ > 0) {
+      if (st.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
         // gRPC says DEADLINE_EXCEEDED both when no daemon ever answered
         // and when a compile ran too long; say which where we can tell.
         auto state = channel_->GetState(false);
@@ -103,7 +104,7 @@ absl::StatusOr<std::shared_ptr<const v1::GetKernelResponse>> Client::CallGetKern
     auto hint = ctx.GetServerTrailingMetadata().find("retry-after-ms");
     if (hint != ctx.GetServerTrailingMetadata().end()) {
       int ms = 0;
-      if (absl::SimpleAtoi(std::string_view(hint->second.data(), hint->second.size()), &ms)) {
+      if (absl::SimpleAtoi(absl::string_view(hint->second.data(), hint->second.size()), &ms)) {
         wait = absl::Milliseconds(std::clamp(ms, 1, 10000));
       }
     }
