@@ -15,6 +15,7 @@
 // Locking: one mutex (Scheduler::mu_) guards all scheduler state; it is never
 // held across a JobFn or a ProgressFn. Lock order where others take part:
 // CancelToken::mu_ -> Scheduler::mu_; FakeClock::mu_ -> Scheduler::mu_.
+// Scheduler::join_mu_ (joining the compile threads) is never held with mu_.
 #pragma once
 
 #include <cstdint>
