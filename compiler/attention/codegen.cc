@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "compiler/attention/expr_lower.h"
+#include "compiler/attention/spec_normalize.h"
 #include "compiler/attention/spec_validate.h"
 #include "kernels/attention_params.h"
 #include "kernels/embedded.h"
@@ -102,11 +103,14 @@ absl::StatusOr<AttentionTiles> ChooseAttentionTiles(const v1::AttentionSpec& spe
   return over;
 }
 
-absl::StatusOr<GeneratedSource> GenerateAttentionSource(const v1::AttentionSpec& spec,
+absl::StatusOr<GeneratedSource> GenerateAttentionSource(const v1::AttentionSpec& input,
                                                         absl::string_view arch_name) {
   absl::StatusOr<AttentionArch> arch = ParseAttentionArch(arch_name);
   if (!arch.ok()) return arch.status();
-  if (absl::Status s = ValidateAttentionSpec(spec); !s.ok()) return s;
+  if (absl::Status s = ValidateAttentionSpec(input); !s.ok()) return s;
+  // Idempotent and cheap: a caller that forgot to normalize still gets the
+  // kernel its spec means (never, say, KC_HEAD_DIM_V 0).
+  const v1::AttentionSpec spec = NormalizeAttentionSpec(input);
   if (spec.backward()) {
     return absl::UnimplementedError(
         "spec.backward: backward kernels are not available yet (no backward templates or "

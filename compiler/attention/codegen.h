@@ -47,9 +47,9 @@ struct GeneratedSource {
   AttentionArch arch;
 };
 
-// Precondition: `normalized` came from NormalizeAttentionSpec of a spec that
-// passed ValidateAttentionSpec (re-validated here as a backstop:
-// InvalidArgument otherwise). Errors: InvalidArgument for an unsupported
+// `normalized` should come from NormalizeAttentionSpec of a spec that passed
+// ValidateAttentionSpec; as a backstop it is validated (InvalidArgument
+// otherwise) and normalized again here. Errors: InvalidArgument for an unsupported
 // arch or illegal tuning; Unimplemented for a backward pass (no backward
 // templates or entry points in the contract yet); FailedPrecondition when a
 // template the source needs is not embedded in this binary.

@@ -3,6 +3,8 @@
 // translation units for a representative set of variants (the full
 // cross-product with KCACHE_ATTENTION_FULL_MATRIX=1). NVRTC tests skip
 // themselves when NVRTC cannot be loaded; no GPU is needed.
+#include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -10,6 +12,7 @@
 #include <limits>
 #include <map>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -326,12 +329,19 @@ TEST(AttentionCompileTest, EveryVariantCompilesWithNvrtc) {
   const std::vector<std::string> archs =
       full ? std::vector<std::string>{"sm_80", "sm_86", "sm_89", "sm_90", "sm_90a"}
            : std::vector<std::string>{"sm_80", "sm_90a"};
-  int compiled = 0, skipped = 0;
+  struct Job {
+    std::string label;
+    GeneratedSource source;
+    std::string arch;
+    absl::Status result;
+  };
+  std::vector<Job> jobs;
+  int skipped = 0;
   const auto start = std::chrono::steady_clock::now();
   for (size_t i = 0; i < variants.size(); ++i) {
     const Variant& v = variants[i];
     // Representative: each variant on one of the two architectures,
-    // alternating; both in the full matrix.
+    // alternating; every architecture in the full matrix.
     for (size_t a = 0; a < archs.size(); ++a) {
       if (!full && a != i % archs.size()) continue;
       const std::string& arch = archs[a];
@@ -342,16 +352,31 @@ TEST(AttentionCompileTest, EveryVariantCompilesWithNvrtc) {
         continue;
       }
       ASSERT_TRUE(g.ok()) << v.name << " " << arch << ": " << g.status();
-      const absl::Status s = CompileGenerated(*g, arch);
-      EXPECT_TRUE(s.ok()) << v.name << " " << arch << ": " << s << "\n--- source ---\n"
-                          << g->source;
-      ++compiled;
+      jobs.push_back({v.name + " " + arch, *std::move(g), arch, absl::OkStatus()});
     }
   }
+  // NVRTC is thread-safe for distinct programs: compile on a few threads.
+  const char* threads_env = std::getenv("KCACHE_ATTENTION_COMPILE_THREADS");
+  const int nthreads = threads_env != nullptr ? std::max(1, std::atoi(threads_env)) : 2;
+  std::atomic<size_t> next{0};
+  std::vector<std::thread> pool;
+  for (int t = 0; t < nthreads; ++t) {
+    pool.emplace_back([&] {
+      for (size_t j = next++; j < jobs.size(); j = next++) {
+        jobs[j].result = CompileGenerated(jobs[j].source, jobs[j].arch);
+      }
+    });
+  }
+  for (std::thread& t : pool) t.join();
+  for (const Job& j : jobs) {
+    EXPECT_TRUE(j.result.ok()) << j.label << ": " << j.result << "\n--- source ---\n"
+                               << j.source.source;
+  }
+  const int compiled = static_cast<int>(jobs.size());
   const double secs =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  std::printf("compiled %d variants (%d without tiles) in %.1f s%s\n", compiled, skipped, secs,
-              full ? " (full matrix)" : "");
+  std::printf("compiled %d variants (%d without tiles) in %.1f s on %d threads%s\n", compiled,
+              skipped, secs, nthreads, full ? " (full matrix)" : "");
 }
 
 }  // namespace
