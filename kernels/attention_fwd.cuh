@@ -1,17 +1,717 @@
-// Attention forward (FlashAttention-2 style) compiled by NVRTC after the
-// generated prelude (docs/kernel-contract.md). SKELETON: the entry point and
-// its signature are final; the body is being written.
+// Attention forward, FlashAttention-2 style, compiled by NVRTC after the
+// generated prelude (docs/kernel-contract.md). Portable across sm_80..sm_90:
+// mma.sync m16n8k16 (bf16/fp16 in, fp32 accumulate), ldmatrix, cp.async
+// multi-stage K/V pipeline, XOR-swizzled shared memory (no bank conflicts),
+// online softmax in registers in the log2 domain.
+//
+// One CTA computes block_m query rows of one (batch, query head); each warp
+// owns block_m / num_warps rows (16 or 32) and walks the key tiles that the
+// mask leaves visible:
+//   - none / causal / sliding window: an analytic range of key tiles;
+//   - document / drafter / expression: a list of non-empty key tiles built in
+//     shared memory when the CTA starts (drafter and document classify
+//     tiles from the anchors / sequence ids; expression masks read the
+//     classes written by kcache_attn_mask_build into p.tile_class).
+// Tiles are "full" (no per-element mask), "partial" (mask per element, and
+// the kv_len bound) or empty (never loaded, never computed).
+//
+// Requirements on the launch (checked by the caller, not here): q, k, v, o
+// 16-byte aligned; the b/h/s strides of q, k, v multiples of 8 elements and
+// of o multiples of 2; num_q_heads % num_kv_heads == 0.
 #pragma once
 
 #include "attention_params.h"
 #include "attention_tiles.h"
+
+#ifndef KC_ARCH
+#error "attention_fwd.cuh needs the generated prelude (docs/kernel-contract.md)"
+#endif
 
 static_assert(kcache::AttentionTilesLegal(
                   kcache::AttentionTiles{KC_BLOCK_M, KC_BLOCK_N, KC_NUM_WARPS, KC_STAGES, 0},
                   KC_ARCH, KC_HEAD_DIM_QK, KC_HEAD_DIM_V),
               "illegal tile configuration for this architecture and head dims");
 
+namespace kcache {
+namespace attn_fwd {
+
+typedef unsigned short elem_t;  // raw bf16 / fp16 bits
+
+constexpr int kBM = KC_BLOCK_M;
+constexpr int kBN = KC_BLOCK_N;
+constexpr int kNW = KC_NUM_WARPS;
+constexpr int kThreads = kNW * 32;
+constexpr int kStages = KC_STAGES;
+constexpr int kDQK = KC_HEAD_DIM_QK;
+constexpr int kDV = KC_HEAD_DIM_V;
+constexpr int kWM = kBM / kNW;   // rows per warp
+constexpr int kMT = kWM / 16;    // m16 tiles per warp
+constexpr int kNT = kBN / 8;     // n8 tiles of S
+constexpr int kKQ = kDQK / 16;   // k16 steps of Q.K^T
+constexpr int kDT = kDV / 8;     // n8 tiles of O
+constexpr int kKV = kBN / 16;    // k16 steps of P.V
+
+// Shared memory layout (bytes), matching kcache::AttentionSmemBytes.
+constexpr int kQBytes = kBM * kDQK * 2;
+constexpr int kKBytes = kBN * kDQK * 2;  // one stage
+constexpr int kVBytes = kBN * kDV * 2;   // one stage
+constexpr int kKOff = kQBytes;
+constexpr int kVOff = kKOff + kStages * kKBytes;
+constexpr int kListOff = kVOff + kStages * kVBytes;
+constexpr int kRowOff = kListOff + 2 * kAttnMaxListTiles;
+constexpr int kMiscOff = kRowOff + 16 * kBM;
+static_assert(kMiscOff + 16 == AttentionSmemBytes(kBM, kBN, kStages, kDQK, kDV, 2),
+              "shared-memory layout out of step with attention_tiles.h");
+static_assert(kAttnMaxListTiles <= (1 << 14), "tile index must fit 14 bits");
+
+constexpr float kScale = KC_SOFTMAX_SCALE;
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+// Without a score modification (and with a positive scale) the scale and
+// log2(e) fold into the exp2 argument: x = qk * kMul, one FFMA per element.
+constexpr bool kFold = (KC_SCORE_MOD == KC_SCORE_NONE) && (kScale > 0.f);
+constexpr float kMul = kFold ? kScale * kLog2e : 1.f;
+// Q fragments stay in registers when they are small enough.
+constexpr bool kQInRegs = kMT * kKQ * 4 <= 32 && kMT * (kDV + kBN) / 2 + kMT * kKQ * 4 <= 160;
+
+constexpr bool kListMask =
+    KC_MASK == KC_MASK_DOCUMENT || KC_MASK == KC_MASK_DRAFTER || KC_MASK == KC_MASK_EXPR;
+
+// ---------------------------------------------------------------------------
+// PTX wrappers
+// ---------------------------------------------------------------------------
+__device__ __forceinline__ unsigned smem_u32(const void* ptr) {
+  return static_cast<unsigned>(__cvta_generic_to_shared(ptr));
+}
+
+__device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
+
+__device__ __forceinline__ float exp2_approx(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// Packs two floats into a bf16x2/f16x2 word, `lo` in the low half.
+__device__ __forceinline__ unsigned pack2(float lo, float hi) {
+  unsigned r;
+#if KC_DTYPE_BF16
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+#else
+  asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+#endif
+  return r;
+}
+
+__device__ __forceinline__ void cp_async16(unsigned dst, const void* src, bool pred) {
+  const int n = pred ? 16 : 0;  // 0: zero-fill, nothing read
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n)
+               : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+__device__ __forceinline__ void ldsm_x4(unsigned addr, unsigned& r0, unsigned& r1, unsigned& r2,
+                                        unsigned& r3) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+               : "r"(addr));
+}
+__device__ __forceinline__ void ldsm_x4_t(unsigned addr, unsigned& r0, unsigned& r1,
+                                          unsigned& r2, unsigned& r3) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+               : "r"(addr));
+}
+
+// D += A.B, m16n8k16, fp32 accumulators.
+__device__ __forceinline__ void mma16816(float (&c)[4], const unsigned (&a)[4], unsigned b0,
+                                         unsigned b1) {
+#if KC_DTYPE_BF16
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#else
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
+}
+
+// Copies rows [row0, row0 + ROWS) of a [len, D] matrix (row stride `stride`
+// elements) into a swizzled shared tile: 16-byte chunk c of row r lives at
+// r * 2D + ((c ^ (r & 7)) * 16). Rows at or past `len` are zero-filled.
+template <int ROWS, int D>
+__device__ __forceinline__ void load_tile(unsigned sdst, const elem_t* g, long long stride,
+                                          int row0, int len, int tid) {
+  constexpr int kChunks = D / 8;
+  constexpr int kTotal = ROWS * kChunks;
+  static_assert(kTotal % kThreads == 0, "tile copy does not divide among threads");
+#pragma unroll
+  for (int i = 0; i < kTotal / kThreads; ++i) {
+    const int idx = tid + i * kThreads;
+    const int r = idx / kChunks;
+    const int c = idx % kChunks;
+    const bool ok = row0 + r < len;
+    const elem_t* src = ok ? g + (long long)(row0 + r) * stride + c * 8 : g;
+    cp_async16(sdst + r * (D * 2) + ((c ^ (r & 7)) << 4), src, ok);
+  }
+}
+
+__device__ __forceinline__ int imin(int a, int b) { return a < b ? a : b; }
+__device__ __forceinline__ int imax(int a, int b) { return a > b ? a : b; }
+
+#if KC_MASK == KC_MASK_CAUSAL || KC_MASK == KC_MASK_SLIDING_WINDOW
+#if KC_MASK == KC_MASK_CAUSAL
+constexpr int kWinLeft = -1;
+constexpr int kWinRight = 0;
+#else
+constexpr int kWinLeft = KC_WINDOW_LEFT;
+constexpr int kWinRight = KC_WINDOW_RIGHT;
+#endif
+#endif
+
+}  // namespace attn_fwd
+}  // namespace kcache
+
 extern "C" __global__ void __launch_bounds__(KC_NUM_WARPS * 32)
     kcache_attn_fwd(const __grid_constant__ kcache::AttentionParams p) {
-  (void)p;
+  using namespace kcache;
+  using namespace kcache::attn_fwd;
+  extern __shared__ __align__(128) unsigned char smem[];
+
+  const int tid = threadIdx.x;
+  const int warp = tid >> 5;
+  const int lane = tid & 31;
+  const int g = lane >> 2;  // row within an m16 tile (and +8)
+  const int t4 = lane & 3;  // column pair within an n8 tile
+  // Heavy query tiles (the last ones, under causal masks) start first.
+  const int mtile = gridDim.x - 1 - blockIdx.x;
+  const int h = blockIdx.y;
+  const int b = blockIdx.z;
+  const int m0 = mtile * kBM;
+  const int q_len = p.q_len;
+  const int kv_len = p.kv_len;
+  const int hkv = h / (p.num_q_heads / p.num_kv_heads);
+  const int mlast = imin(m0 + kBM, q_len) - 1;  // last valid row of this tile
+  const int n_kv_tiles = (kv_len + kBN - 1) / kBN;
+  (void)n_kv_tiles;
+
+  const elem_t* qg = static_cast<const elem_t*>(p.q) + b * p.q_stride_b + h * p.q_stride_h;
+  const elem_t* kg = static_cast<const elem_t*>(p.k) + b * p.k_stride_b + hkv * p.k_stride_h;
+  const elem_t* vg = static_cast<const elem_t*>(p.v) + b * p.v_stride_b + hkv * p.v_stride_h;
+
+  const unsigned sQ = smem_u32(smem);
+  const unsigned sK = sQ + kKOff;
+  const unsigned sV = sQ + kVOff;
+  unsigned short* tile_list = reinterpret_cast<unsigned short*>(smem + kListOff);
+#if KC_MASK == KC_MASK_DOCUMENT || KC_MASK == KC_MASK_DRAFTER || KC_MASK == KC_MASK_EXPR
+  int4* rowdata = reinterpret_cast<int4*>(smem + kRowOff);
+  int* misc = reinterpret_cast<int*>(smem + kMiscOff);
+#endif
+
+  // Q first: its copy overlaps the tile planning below.
+  load_tile<kBM, kDQK>(sQ, qg, p.q_stride_s, m0, q_len, tid);
+  cp_async_commit();
+
+  // ------------------------------------------------------------------------
+  // The walk over key tiles: iteration i visits tile `first + i` (analytic
+  // masks, or list masks past the list's capacity) or tile_list[i].
+  // ------------------------------------------------------------------------
+  int first = 0;
+  int n_iter = 0;
+  bool use_list = false;
+#if KC_MASK == KC_MASK_NONE
+  n_iter = n_kv_tiles;
+#elif KC_MASK == KC_MASK_CAUSAL || KC_MASK == KC_MASK_SLIDING_WINDOW
+  const int off = KC_MASK_BOTTOM_RIGHT ? kv_len - q_len : 0;
+  {
+    const int kv_lo = kWinLeft < 0 ? 0 : imax(0, m0 + off - kWinLeft);
+    const int kv_hi = kWinRight < 0 ? kv_len : imin(kv_len, mlast + off + kWinRight + 1);
+    if (kv_hi > kv_lo) {
+      first = kv_lo / kBN;
+      n_iter = (kv_hi + kBN - 1) / kBN - first;
+    }
+  }
+#else
+  // List masks: classify every key tile into tile_list[t] (0/1/2), then
+  // compact the non-empty ones in place as (t | class << 14).
+  use_list = n_kv_tiles <= kAttnMaxListTiles;
+#if KC_MASK == KC_MASK_DOCUMENT
+  const int* q_ids = p.q_seq_id + b * p.q_seq_id_stride_b;
+  const int* kv_ids = p.kv_seq_id + b * p.kv_seq_id_stride_b;
+  if (tid == 0) {
+    misc[1] = 0x7fffffff;
+    misc[2] = -0x7fffffff - 1;
+  }
+  __syncthreads();
+  {
+    int lo = 0x7fffffff, hi = -0x7fffffff - 1;
+    for (int r = tid; r < kBM; r += kThreads) {
+      const int q = m0 + r;
+      const int id = q < q_len ? q_ids[q] : 0;
+      rowdata[r] = make_int4(id, 0, 0, 0);
+      if (q < q_len) {
+        lo = imin(lo, id);
+        hi = imax(hi, id);
+      }
+    }
+    atomicMin(&misc[1], lo);
+    atomicMax(&misc[2], hi);
+  }
+  __syncthreads();
+  if (use_list) {
+    const int qmin = misc[1], qmax = misc[2];
+    const int t_end = KC_DOC_CAUSAL ? imin(n_kv_tiles, mlast / kBN + 1) : n_kv_tiles;
+    for (int t = warp; t < n_kv_tiles; t += kNW) {
+      int cls = 0;
+      if (t < t_end) {
+        int lo = 0x7fffffff, hi = -0x7fffffff - 1;
+        for (int c = lane; c < kBN; c += 32) {
+          const int kv = t * kBN + c;
+          if (kv < kv_len) {
+            const int id = kv_ids[kv];
+            lo = imin(lo, id);
+            hi = imax(hi, id);
+          }
+        }
+#pragma unroll
+        for (int s = 16; s > 0; s >>= 1) {
+          lo = imin(lo, __shfl_xor_sync(0xffffffffu, lo, s));
+          hi = imax(hi, __shfl_xor_sync(0xffffffffu, hi, s));
+        }
+        if (!(hi < qmin || lo > qmax)) {
+          cls = (qmin == qmax && lo == hi && lo == qmin) ? 2 : 1;
+          if (KC_DOC_CAUSAL && t * kBN + kBN - 1 > m0) cls = 1;
+        }
+      }
+      if (lane == 0) tile_list[t] = static_cast<unsigned short>(cls);
+    }
+  }
+#elif KC_MASK == KC_MASK_DRAFTER
+  const int ctx_len = p.drafter_context_len;
+  constexpr int kBlk = KC_DRAFTER_BLOCK;
+  static_assert(kBlk > 0, "drafter block size must be positive");
+  for (int r = tid; r < kBM; r += kThreads) {
+    const int q = m0 + r;
+    const int j = q / kBlk;
+    int4 rd = make_int4(0, 0, 0, 0);  // visible: [x, y) U [z, w)
+    if (q < q_len && j < p.drafter_num_blocks) {
+      const bool keep = p.drafter_keep == nullptr || p.drafter_keep[b * p.drafter_stride_b + j] != 0;
+      if (keep) {
+        const int a = p.drafter_anchor[b * p.drafter_stride_b + j];
+        rd.y = imax(0, imin(a, ctx_len));
+        rd.x = KC_DRAFTER_WINDOW > 0 ? imin(imax(a - KC_DRAFTER_WINDOW, 0), rd.y) : 0;
+        rd.z = ctx_len + j * kBlk;
+        rd.w = KC_DRAFTER_CAUSAL ? ctx_len + q + 1 : ctx_len + (j + 1) * kBlk;
+      }
+    }
+    rowdata[r] = rd;
+  }
+  __syncthreads();
+  if (use_list) {
+    const int nrows = mlast - m0 + 1;
+    for (int t = tid; t < n_kv_tiles; t += kThreads) {
+      const int n0 = t * kBN;
+      const int n1 = imin(n0 + kBN, kv_len);
+      bool any = false, all = n1 - n0 == kBN;
+      // One step per drafter block (rows of a block share their context range).
+      for (int r = 0; r < nrows;) {
+        const int r_end = imin(nrows, ((m0 + r) / kBlk + 1) * kBlk - m0);
+        const int4 f = rowdata[r];
+        const int own_hi_any = rowdata[r_end - 1].w;  // causal: the last row sees most
+        const bool ctx_any = n0 < f.y && n1 > f.x;
+        const bool own_any = n0 < own_hi_any && n1 > f.z;
+        const bool ctx_all = n0 >= f.x && n1 <= f.y;
+        const bool own_all = n0 >= f.z && n1 <= f.w;  // f.w: the first row sees least
+        any = any || ctx_any || own_any;
+        all = all && (ctx_all || own_all);
+        r = r_end;
+      }
+      tile_list[t] = static_cast<unsigned short>(any ? (all ? 2 : 1) : 0);
+    }
+  }
+#elif KC_MASK == KC_MASK_EXPR
+  if (use_list) {
+    const kc_i8* row = p.tile_class == nullptr
+                           ? nullptr
+                           : p.tile_class + b * p.tile_class_stride_b + h * p.tile_class_stride_h +
+                                 mtile * p.tile_class_stride_m;
+    for (int t = tid; t < n_kv_tiles; t += kThreads) {
+      const int c = row == nullptr ? 1 : static_cast<int>(row[t]);
+      tile_list[t] = static_cast<unsigned short>(c < 0 ? 1 : (c > 2 ? 1 : c));
+    }
+  }
+#endif
+  if (use_list) {
+    __syncthreads();
+    if (warp == 0) {
+      int count = 0;
+      for (int base = 0; base < n_kv_tiles; base += 32) {
+        const int t = base + lane;
+        int c = t < n_kv_tiles ? tile_list[t] : 0;
+        if (c == 2 && t * kBN + kBN > kv_len) c = 1;
+        const unsigned bal = __ballot_sync(0xffffffffu, c != 0);
+        const int pos = count + __popc(bal & ((1u << lane) - 1u));
+        __syncwarp();
+        if (c != 0) tile_list[pos] = static_cast<unsigned short>(t | (c << 14));
+        count += __popc(bal);
+        __syncwarp();
+      }
+      if (lane == 0) misc[0] = count;
+    }
+    __syncthreads();
+    n_iter = misc[0];
+  } else {
+    n_iter = n_kv_tiles;  // every tile, each treated as partial
+  }
+#endif
+
+  // ------------------------------------------------------------------------
+  // Prologue of the K/V pipeline: tiles 0 .. kStages-2, one group each.
+  // ------------------------------------------------------------------------
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < n_iter) {
+      const int t = use_list ? (tile_list[s] & 0x3fff) : first + s;
+      load_tile<kBN, kDQK>(sK + s * kKBytes, kg, p.k_stride_s, t * kBN, kv_len, tid);
+      load_tile<kBN, kDV>(sV + s * kVBytes, vg, p.v_stride_s, t * kBN, kv_len, tid);
+    }
+    cp_async_commit();
+  }
+
+  // Per-lane ldmatrix addressing. Row r's swizzle key is r & 7, which is
+  // lane & 7 for every fragment below; chunk offsets for the four possible
+  // values of (2 * k) & 7 are precomputed.
+  // Per-lane ldmatrix addressing. Row r's swizzle key is r & 7, which is
+  // lane & 7 for every fragment below, so chunk c of a lane's row sits at
+  // ((c ^ (lane & 7)) << 4) = (c << 4) ^ key: one XOR with a constant per use.
+  const int l7 = lane & 7;
+  const unsigned qkey = static_cast<unsigned>(l7 ^ (lane >> 4)) << 4;        // Q (A), V (B, trans)
+  const unsigned kkey = static_cast<unsigned>(l7 ^ ((lane >> 3) & 1)) << 4;  // K (B)
+  const unsigned q_row_addr0 = sQ + (warp * kWM + (lane & 15)) * (kDQK * 2);  // + mt * 16 rows
+  const unsigned k_lane_base = sK + (l7 + ((lane >> 4) << 3)) * (kDQK * 2);
+  const unsigned v_lane_base = sV + (l7 + (((lane >> 3) & 1) << 3)) * (kDV * 2);
+
+  unsigned qreg[kQInRegs ? kMT : 1][kQInRegs ? kKQ : 1][4];
+  if constexpr (kQInRegs) {
+    cp_async_wait<kStages - 1>();  // the Q group
+    __syncthreads();
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+      for (int kk = 0; kk < kKQ; ++kk) {
+        ldsm_x4(q_row_addr0 + mt * (16 * kDQK * 2) + ((kk * 32) ^ qkey), qreg[mt][kk][0],
+                qreg[mt][kk][1], qreg[mt][kk][2], qreg[mt][kk][3]);
+      }
+    }
+  }
+
+  float o[kMT][kDT][4];
+  float m_run[kMT][2];
+  float l_run[kMT][2];
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+    for (int dt = 0; dt < kDT; ++dt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) o[mt][dt][e] = 0.f;
+    }
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      m_run[mt][hh] = neg_inf();
+      l_run[mt][hh] = 0.f;
+    }
+  }
+  const int row_base = m0 + warp * kWM + g;  // + mt * 16 + hh * 8
+#if KC_SCORE_MOD == KC_SCORE_ALIBI
+  const float alibi_slope = p.alibi_slopes[h];
+#endif
+
+  // Stage of iteration i and of the tile prefetched in it (i + kStages - 1).
+  int stage = 0;
+  int pstage = kStages - 1;
+  for (int i = 0; i < n_iter; ++i) {
+    if constexpr (kStages == 2) {
+      stage = i & 1;
+      pstage = stage ^ 1;
+    }
+    cp_async_wait<kStages - 2>();
+    __syncthreads();
+    {
+      const int ip = i + kStages - 1;
+      if (ip < n_iter) {
+        const int t = use_list ? (tile_list[ip] & 0x3fff) : first + ip;
+        load_tile<kBN, kDQK>(sK + pstage * kKBytes, kg, p.k_stride_s, t * kBN, kv_len, tid);
+        load_tile<kBN, kDV>(sV + pstage * kVBytes, vg, p.v_stride_s, t * kBN, kv_len, tid);
+      }
+      cp_async_commit();
+    }
+
+    int tile, cls;
+    if (use_list) {
+      const int e = tile_list[i];
+      tile = e & 0x3fff;
+      cls = e >> 14;
+    } else {
+      tile = first + i;
+#if KC_MASK == KC_MASK_NONE
+      cls = tile * kBN + kBN <= kv_len ? 2 : 1;
+#elif KC_MASK == KC_MASK_CAUSAL || KC_MASK == KC_MASK_SLIDING_WINDOW
+      {
+        const int n0 = tile * kBN;
+        const bool full = n0 + kBN <= kv_len &&
+                          (kWinLeft < 0 || n0 >= mlast + off - kWinLeft) &&
+                          (kWinRight < 0 || n0 + kBN - 1 <= m0 + off + kWinRight);
+        cls = full ? 2 : 1;
+      }
+#else
+      cls = 1;
+#endif
+    }
+    const int n0 = tile * kBN;
+
+    // ---- S = Q K^T -------------------------------------------------------
+    float s[kMT][kNT][4];
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+      for (int nt = 0; nt < kNT; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[mt][nt][e] = 0.f;
+      }
+    }
+    const unsigned k_base = k_lane_base + stage * kKBytes;
+#pragma unroll
+    for (int kk = 0; kk < kKQ; ++kk) {
+      unsigned qa[kMT][4];
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt) {
+        if constexpr (kQInRegs) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) qa[mt][e] = qreg[mt][kk][e];
+        } else {
+          ldsm_x4(q_row_addr0 + mt * (16 * kDQK * 2) + ((kk * 32) ^ qkey), qa[mt][0], qa[mt][1],
+                  qa[mt][2], qa[mt][3]);
+        }
+      }
+#pragma unroll
+      for (int np = 0; np < kNT / 2; ++np) {
+        unsigned b0, b1, b2, b3;
+        ldsm_x4(k_base + np * 16 * (kDQK * 2) + ((kk * 32) ^ kkey), b0, b1, b2, b3);
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt) {
+          mma16816(s[mt][2 * np], qa[mt], b0, b1);
+          mma16816(s[mt][2 * np + 1], qa[mt], b2, b3);
+        }
+      }
+    }
+
+    // ---- score modification and mask -----------------------------------
+#if KC_SCORE_MOD != KC_SCORE_NONE
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+      for (int nt = 0; nt < kNT; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int q = row_base + mt * 16 + (e >> 1) * 8;
+          const int kv = n0 + nt * 8 + 2 * t4 + (e & 1);
+          float x = s[mt][nt][e] * kScale;
+#if KC_SCORE_MOD == KC_SCORE_SOFTCAP
+          x = KC_SOFTCAP * tanhf(x * (1.f / KC_SOFTCAP));
+          (void)q;
+          (void)kv;
+#elif KC_SCORE_MOD == KC_SCORE_ALIBI
+          x += alibi_slope * static_cast<float>(kv - q);
+#elif KC_SCORE_MOD == KC_SCORE_EXPR
+          x = kc_expr_score(x, b, h, q, kv, p);
+#endif
+          s[mt][nt][e] = x * kLog2e;
+        }
+      }
+    }
+#endif
+    if (cls != 2) {
+      // Row data of this thread's rows (list masks that need it).
+#if KC_MASK == KC_MASK_DOCUMENT || KC_MASK == KC_MASK_DRAFTER
+      int4 rd[kMT][2];
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) rd[mt][hh] = rowdata[warp * kWM + mt * 16 + g + hh * 8];
+      }
+#endif
+#pragma unroll
+      for (int nt = 0; nt < kNT; ++nt) {
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          const int kv = n0 + nt * 8 + 2 * t4 + c;
+#if KC_MASK == KC_MASK_DOCUMENT
+          const int kv_id = kv < kv_len ? kv_ids[kv] : 0;
+#endif
+#pragma unroll
+          for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+            for (int hh = 0; hh < 2; ++hh) {
+              const int q = row_base + mt * 16 + hh * 8;
+              bool vis = kv < kv_len;
+#if KC_MASK == KC_MASK_CAUSAL || KC_MASK == KC_MASK_SLIDING_WINDOW
+              {
+                // kv - (q + off) within [-left, right]; written as bounds on kv.
+                if (kWinLeft >= 0) vis = vis && kv >= q + off - kWinLeft;
+                if (kWinRight >= 0) vis = vis && kv <= q + off + kWinRight;
+              }
+#elif KC_MASK == KC_MASK_DOCUMENT
+              vis = vis && kv_id == rd[mt][hh].x && (!KC_DOC_CAUSAL || kv <= q);
+#elif KC_MASK == KC_MASK_DRAFTER
+              vis = vis && ((kv >= rd[mt][hh].x && kv < rd[mt][hh].y) ||
+                            (kv >= rd[mt][hh].z && kv < rd[mt][hh].w));
+#elif KC_MASK == KC_MASK_EXPR
+              vis = vis && kc_expr_mask(b, h, q, kv, p);
+#endif
+              (void)q;
+              if (!vis) s[mt][nt][hh * 2 + c] = neg_inf();
+            }
+          }
+        }
+      }
+    }
+
+    // ---- online softmax (log2 domain) -----------------------------------
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        float mx = neg_inf();
+#pragma unroll
+        for (int nt = 0; nt < kNT; ++nt) {
+          mx = fmaxf(mx, fmaxf(s[mt][nt][hh * 2], s[mt][nt][hh * 2 + 1]));
+        }
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float m_new = fmaxf(m_run[mt][hh], mx * kMul);
+        // A row with nothing visible yet keeps m = -inf; subtract 0 then,
+        // so that exp2 gives 0 rather than NaN.
+        const float m_use = m_new == neg_inf() ? 0.f : m_new;
+        const float alpha = exp2_approx(m_run[mt][hh] - m_use);
+        m_run[mt][hh] = m_new;
+        float sum = 0.f;
+#pragma unroll
+        for (int nt = 0; nt < kNT; ++nt) {
+#pragma unroll
+          for (int c = 0; c < 2; ++c) {
+            const float pv = exp2_approx(fmaf(s[mt][nt][hh * 2 + c], kMul, -m_use));
+            s[mt][nt][hh * 2 + c] = pv;
+            sum += pv;
+          }
+        }
+        l_run[mt][hh] = l_run[mt][hh] * alpha + sum;
+#pragma unroll
+        for (int dt = 0; dt < kDT; ++dt) {
+          o[mt][dt][hh * 2] *= alpha;
+          o[mt][dt][hh * 2 + 1] *= alpha;
+        }
+      }
+    }
+
+    // ---- O += P V ----------------------------------------------------------
+    const unsigned v_base = v_lane_base + stage * kVBytes;
+#pragma unroll
+    for (int kk = 0; kk < kKV; ++kk) {
+      unsigned pa[kMT][4];
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt) {
+        pa[mt][0] = pack2(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+        pa[mt][1] = pack2(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+        pa[mt][2] = pack2(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+        pa[mt][3] = pack2(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+      }
+#pragma unroll
+      for (int dp = 0; dp < kDT / 2; ++dp) {
+        unsigned b0, b1, b2, b3;
+        ldsm_x4_t(v_base + kk * 16 * (kDV * 2) + ((dp * 32) ^ qkey), b0, b1, b2, b3);
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt) {
+          mma16816(o[mt][2 * dp], pa[mt], b0, b1);
+          mma16816(o[mt][2 * dp + 1], pa[mt], b2, b3);
+        }
+      }
+    }
+
+    if constexpr (kStages != 2) {
+      stage = stage + 1 == kStages ? 0 : stage + 1;
+      pstage = pstage + 1 == kStages ? 0 : pstage + 1;
+    }
+  }
+  cp_async_wait<0>();
+
+  // ---- epilogue: O = acc / l (0 where nothing was visible), LSE ----------
+  elem_t* og = static_cast<elem_t*>(p.o) + b * p.o_stride_b + h * p.o_stride_h;
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      float l = l_run[mt][hh];
+      l += __shfl_xor_sync(0xffffffffu, l, 1);
+      l += __shfl_xor_sync(0xffffffffu, l, 2);
+      const int q = row_base + mt * 16 + hh * 8;
+      if (q < q_len) {
+        const float inv = l > 0.f ? 1.f / l : 0.f;
+        unsigned* orow = reinterpret_cast<unsigned*>(og + q * p.o_stride_s + 2 * t4);
+#pragma unroll
+        for (int dt = 0; dt < kDT; ++dt) {
+          orow[dt * 4] = pack2(o[mt][dt][hh * 2] * inv, o[mt][dt][hh * 2 + 1] * inv);
+        }
+#if KC_RETURN_LSE
+        if (t4 == 0 && p.lse != nullptr) {
+          p.lse[b * p.lse_stride_b + h * p.lse_stride_h + q] =
+              l > 0.f ? (m_run[mt][hh] + log2f(l)) * kLn2 : neg_inf();
+        }
+#endif
+      }
+    }
+  }
 }
+
+#if KC_MASK == KC_MASK_EXPR
+// Tile classification for expression masks: for each (batch, head, query
+// tile) writes one byte per key tile into p.tile_class (0 empty, 1 partial,
+// 2 full) by evaluating kc_expr_mask on every in-range (q, kv) pair. Rows
+// past q_len and keys past kv_len are ignored (the forward bounds kv itself).
+// Grid (ceil(q_len / KC_BLOCK_M), num_q_heads, batch), 128 threads.
+extern "C" __global__ void __launch_bounds__(128)
+    kcache_attn_mask_build(const __grid_constant__ kcache::AttentionParams p) {
+  const int mtile = blockIdx.x;
+  const int h = blockIdx.y;
+  const int b = blockIdx.z;
+  const int m0 = mtile * KC_BLOCK_M;
+  const int n_kv_tiles = (p.kv_len + KC_BLOCK_N - 1) / KC_BLOCK_N;
+  kc_i8* row = p.tile_class + b * p.tile_class_stride_b + h * p.tile_class_stride_h +
+               mtile * p.tile_class_stride_m;
+  for (int t = 0; t < n_kv_tiles; ++t) {
+    int any = 0, all = 1;
+    for (int e = threadIdx.x; e < KC_BLOCK_M * KC_BLOCK_N; e += 128) {
+      const int q = m0 + e / KC_BLOCK_N;
+      const int kv = t * KC_BLOCK_N + e % KC_BLOCK_N;
+      if (q < p.q_len && kv < p.kv_len) {
+        const bool v = kc_expr_mask(b, h, q, kv, p);
+        any |= v ? 1 : 0;
+        all &= v ? 1 : 0;
+      }
+    }
+    any = __syncthreads_or(any);
+    all = __syncthreads_and(all);
+    if (threadIdx.x == 0) row[t] = static_cast<kc_i8>(any ? (all ? 2 : 1) : 0);
+  }
+}
+#endif

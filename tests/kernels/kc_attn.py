@@ -1,0 +1,426 @@
+"""Host side of the attention kernels for tests and benchmarks (Python, ctypes).
+
+Builds the generated prelude exactly as docs/kernel-contract.md writes it,
+compiles it with NVRTC (libnvrtc through ctypes, kernels/* passed as named
+headers), loads the cubin with the CUDA driver (ctypes) and launches on
+torch's current stream. The ctypes mirror of kcache::AttentionParams lives
+here and only here; check_params_layout() proves it against the C++ struct
+by compiling static_asserts of every offset with NVRTC (no GPU needed).
+
+The NVRTC part works without torch or a GPU (compile-only smoke tests).
+"""
+
+import ctypes
+import hashlib
+import math
+import os
+import struct
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+KERNELS = os.path.join(REPO, "kernels")
+HEADERS = ["attention_params.h", "attention_tiles.h", "attention_fwd.cuh"]
+CUBIN_DIR = os.path.join(REPO, ".devcarry", "cubins")
+
+MASKS = {"none": 0, "causal": 1, "window": 2, "document": 3, "drafter": 4, "expr": 5}
+SCORES = {"none": 0, "softcap": 1, "alibi": 2, "expr": 3}
+
+# ---------------------------------------------------------------------------
+# Tile selection: a Python copy of kernels/attention_tiles.h, checked against
+# the header by check_tiles_against_header().
+# ---------------------------------------------------------------------------
+MAX_LIST_TILES = 2048
+
+
+def smem_bytes(bm, bn, stages, dqk, dv, elem=2):
+    return bm * dqk * elem + stages * bn * (dqk + dv) * elem + 2 * MAX_LIST_TILES + 16 * bm + 16
+
+
+def select_tiles(arch, dqk, dv):
+    dmax = max(dqk, dv)
+    if arch in (80, 90):
+        t = (128, 128, 4, 2) if dmax <= 64 else (128, 64, 4, 2) if dmax <= 128 else (64, 32, 4, 2)
+    else:
+        t = (128, 128, 4, 2) if dmax <= 64 else (64, 64, 4, 2) if dmax <= 128 else (64, 32, 4, 2)
+    return t
+
+
+# ---------------------------------------------------------------------------
+# Specs and the prelude
+# ---------------------------------------------------------------------------
+def hexfloat(x):
+    """A float32 value as a C hex-float literal with an f suffix (as codegen writes it)."""
+    x = struct.unpack("f", struct.pack("f", float(x)))[0]
+    if x == 0.0:
+        return "0x0p+0f"
+    return float.hex(x) + "f"
+
+
+def make_spec(dtype="bf16", dqk=128, dv=None, mask="none", score="none", *, bottom_right=False,
+              window=(-1, 0), doc_causal=False, drafter_block=16, drafter_causal=False,
+              drafter_window=0, softcap=0.0, scale=None, return_lse=True, tiles=None, arch=90,
+              sm90a=False, expr_mask_code=None, expr_score_code=None):
+    dv = dv or dqk
+    spec = dict(dtype=dtype, dqk=dqk, dv=dv, mask=mask, score=score, bottom_right=bottom_right,
+                window=tuple(window), doc_causal=doc_causal, drafter_block=drafter_block,
+                drafter_causal=drafter_causal, drafter_window=drafter_window,
+                softcap=float(softcap), scale=float(scale if scale else 1.0 / math.sqrt(dqk)),
+                return_lse=return_lse, arch=arch, sm90a=sm90a,
+                tiles=tuple(tiles) if tiles else select_tiles(arch, dqk, dv),
+                expr_mask_code=expr_mask_code, expr_score_code=expr_score_code)
+    return spec
+
+
+def prelude(spec):
+    bm, bn, nw, st = spec["tiles"]
+    wl, wr = spec["window"]
+    lines = [
+        f"#define KC_ARCH {spec['arch']}",
+        f"#define KC_ARCH_SM90A {1 if spec['sm90a'] else 0}",
+        f"#define KC_DTYPE_BF16 {1 if spec['dtype'] == 'bf16' else 0}",
+        f"#define KC_HEAD_DIM_QK {spec['dqk']}",
+        f"#define KC_HEAD_DIM_V {spec['dv']}",
+        f"#define KC_BLOCK_M {bm}",
+        f"#define KC_BLOCK_N {bn}",
+        f"#define KC_NUM_WARPS {nw}",
+        f"#define KC_STAGES {st}",
+        f"#define KC_MASK {MASKS[spec['mask']]}",
+        f"#define KC_MASK_BOTTOM_RIGHT {1 if spec['bottom_right'] else 0}",
+        f"#define KC_WINDOW_LEFT {wl}",
+        f"#define KC_WINDOW_RIGHT {wr}",
+        f"#define KC_DOC_CAUSAL {1 if spec['doc_causal'] else 0}",
+        f"#define KC_DRAFTER_BLOCK {spec['drafter_block']}",
+        f"#define KC_DRAFTER_CAUSAL {1 if spec['drafter_causal'] else 0}",
+        f"#define KC_DRAFTER_WINDOW {spec['drafter_window']}",
+        f"#define KC_SCORE_MOD {SCORES[spec['score']]}",
+        f"#define KC_SOFTCAP {hexfloat(spec['softcap'])}",
+        f"#define KC_SOFTMAX_SCALE {hexfloat(spec['scale'])}",
+        f"#define KC_RETURN_LSE {1 if spec['return_lse'] else 0}",
+        "#define KC_BACKWARD 0",
+        "#define KC_DETERMINISTIC 0",
+        '#include "attention_params.h"',
+    ]
+    if spec["mask"] == "expr":
+        lines.append("__device__ __forceinline__ bool kc_expr_mask(int b, int h, int q_idx, "
+                     "int kv_idx, const kcache::AttentionParams& p) {")
+        lines.append(spec["expr_mask_code"])
+        lines.append("}")
+    if spec["score"] == "expr":
+        lines.append("__device__ __forceinline__ float kc_expr_score(float score, int b, int h, "
+                     "int q_idx, int kv_idx, const kcache::AttentionParams& p) {")
+        lines.append(spec["expr_score_code"])
+        lines.append("}")
+    lines.append('#include "attention_fwd.cuh"')
+    return "\n".join(lines) + "\n"
+
+
+# Expression bodies used by the tests (what the code generator would emit).
+# Buffer 0: int32 [batch] prefix lengths; buffer 1: float32 [num_q_heads] bias.
+EXPR_MASK_PREFIX_LM = """  const kcache::KcBuffer& buf = p.buffers[0];
+  int pl = 0;
+  if (b >= 0 && b < buf.extent[0]) pl = static_cast<const int*>(buf.ptr)[b * buf.stride[0]];
+  return kv_idx < pl || kv_idx <= q_idx;"""
+EXPR_SCORE_BIAS = """  const kcache::KcBuffer& buf = p.buffers[1];
+  float bias = 0.0f;
+  if (h >= 0 && h < buf.extent[0]) bias = static_cast<const float*>(buf.ptr)[h * buf.stride[0]];
+  return score + bias * static_cast<float>(((q_idx - kv_idx) % 7 + 7) % 7);"""
+
+
+# ---------------------------------------------------------------------------
+# NVRTC through ctypes
+# ---------------------------------------------------------------------------
+_nvrtc = None
+
+
+def _lib_nvrtc():
+    global _nvrtc
+    if _nvrtc is None:
+        for name in ("libnvrtc.so.13", "/usr/local/cuda/lib64/libnvrtc.so.13", "libnvrtc.so",
+                     "/usr/local/cuda/lib64/libnvrtc.so"):
+            try:
+                _nvrtc = ctypes.CDLL(name)
+                break
+            except OSError:
+                continue
+        if _nvrtc is None:
+            raise RuntimeError("libnvrtc not found")
+        _nvrtc.nvrtcGetErrorString.restype = ctypes.c_char_p
+    return _nvrtc
+
+
+def _header_sources():
+    out = []
+    for h in HEADERS:
+        with open(os.path.join(KERNELS, h), "rb") as f:
+            out.append(f.read())
+    return out
+
+
+def nvrtc_compile(source, arch=90, sm90a=False, extra_options=(), name=b"kcache_attn.cu",
+                  want_cubin=True):
+    """Compiles `source` with kernels/* as named headers. Returns (cubin bytes or None, log)."""
+    lib = _lib_nvrtc()
+    prog = ctypes.c_void_p()
+    hdrs = _header_sources()
+    n = len(HEADERS)
+    hsrc = (ctypes.c_char_p * n)(*hdrs)
+    hname = (ctypes.c_char_p * n)(*[h.encode() for h in HEADERS])
+    src = source.encode() if isinstance(source, str) else source
+    r = lib.nvrtcCreateProgram(ctypes.byref(prog), src, name, n, hsrc, hname)
+    if r != 0:
+        raise RuntimeError("nvrtcCreateProgram: %s" % lib.nvrtcGetErrorString(r))
+    target = ("sm_90a" if sm90a else "sm_%d" % arch)
+    opts = ["--gpu-architecture=" + target, "--std=c++17", "--ptxas-options=-v"] + list(
+        extra_options)
+    copts = (ctypes.c_char_p * len(opts))(*[o.encode() for o in opts])
+    r = lib.nvrtcCompileProgram(prog, len(opts), copts)
+    size = ctypes.c_size_t()
+    lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
+    logbuf = ctypes.create_string_buffer(size.value)
+    lib.nvrtcGetProgramLog(prog, logbuf)
+    log = logbuf.value.decode(errors="replace")
+    cubin = None
+    if r == 0 and want_cubin:
+        lib.nvrtcGetCUBINSize(prog, ctypes.byref(size))
+        buf = ctypes.create_string_buffer(size.value)
+        lib.nvrtcGetCUBIN(prog, buf)
+        cubin = buf.raw
+    lib.nvrtcDestroyProgram(ctypes.byref(prog))
+    if r != 0:
+        raise RuntimeError("NVRTC failed (%s):\n%s" % (lib.nvrtcGetErrorString(r).decode(), log))
+    return cubin, log
+
+
+def spec_key(spec):
+    src = prelude(spec) + "".join(h.decode(errors="replace") for h in _header_sources())
+    return hashlib.sha256((src + repr(spec["arch"]) + repr(spec["sm90a"])).encode()).hexdigest()[:20]
+
+
+def compile_spec(spec, cache_dir=CUBIN_DIR):
+    """Cubin for a spec, from the cache directory when present (filled on CPU machines)."""
+    key = spec_key(spec)
+    path = os.path.join(cache_dir, key + ".cubin")
+    if os.path.exists(path):
+        with open(path, "rb") as f:
+            return f.read(), open(path + ".log").read() if os.path.exists(path + ".log") else ""
+    cubin, log = nvrtc_compile(prelude(spec), arch=spec["arch"], sm90a=spec["sm90a"])
+    os.makedirs(cache_dir, exist_ok=True)
+    with open(path + ".tmp", "wb") as f:
+        f.write(cubin)
+    os.replace(path + ".tmp", path)
+    with open(path + ".log", "w") as f:
+        f.write(log)
+    return cubin, log
+
+
+def ptxas_summary(log):
+    """'regs=N spill=S/L stack=F' for kcache_attn_fwd from a --ptxas-options=-v log."""
+    import re
+    out = {}
+    cur = None
+    for line in log.splitlines():
+        m = re.search(r"Compiling entry function '(\w+)'", line)
+        if m:
+            cur = m.group(1)
+        m = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads",
+                      line)
+        if m and cur:
+            out.setdefault(cur, {}).update(stack=int(m.group(1)), spill_st=int(m.group(2)),
+                                           spill_ld=int(m.group(3)))
+        m = re.search(r"Used (\d+) registers", line)
+        if m and cur:
+            out.setdefault(cur, {})["regs"] = int(m.group(1))
+    f = out.get("kcache_attn_fwd", {})
+    return "regs=%s spill=%s/%s stack=%s" % (f.get("regs"), f.get("spill_st"), f.get("spill_ld"),
+                                             f.get("stack"))
+
+
+# ---------------------------------------------------------------------------
+# The ctypes mirror of kcache::AttentionParams (kernels/attention_params.h).
+# ---------------------------------------------------------------------------
+ABI_VERSION = 1
+MAX_EXPR_BUFFERS = 8
+_i64 = ctypes.c_int64
+_i32 = ctypes.c_int32
+_ptr = ctypes.c_void_p
+
+
+class KcBuffer(ctypes.Structure):
+    _fields_ = [("ptr", _ptr), ("rank", _i32), ("reserved", _i32), ("extent", _i64 * 4),
+                ("stride", _i64 * 4)]
+
+
+class AttentionParams(ctypes.Structure):
+    _fields_ = [
+        ("q", _ptr), ("k", _ptr), ("v", _ptr), ("o", _ptr), ("lse", _ptr),
+        ("q_stride_b", _i64), ("q_stride_h", _i64), ("q_stride_s", _i64),
+        ("k_stride_b", _i64), ("k_stride_h", _i64), ("k_stride_s", _i64),
+        ("v_stride_b", _i64), ("v_stride_h", _i64), ("v_stride_s", _i64),
+        ("o_stride_b", _i64), ("o_stride_h", _i64), ("o_stride_s", _i64),
+        ("lse_stride_b", _i64), ("lse_stride_h", _i64),
+        ("batch", _i32), ("num_q_heads", _i32), ("num_kv_heads", _i32), ("q_len", _i32),
+        ("kv_len", _i32), ("reserved0", _i32),
+        ("dout", _ptr), ("dq", _ptr), ("dk", _ptr), ("dv", _ptr), ("dq_accum", _ptr),
+        ("delta", _ptr),
+        ("do_stride_b", _i64), ("do_stride_h", _i64), ("do_stride_s", _i64),
+        ("dq_stride_b", _i64), ("dq_stride_h", _i64), ("dq_stride_s", _i64),
+        ("dk_stride_b", _i64), ("dk_stride_h", _i64), ("dk_stride_s", _i64),
+        ("dv_stride_b", _i64), ("dv_stride_h", _i64), ("dv_stride_s", _i64),
+        ("q_seq_id", _ptr), ("kv_seq_id", _ptr),
+        ("q_seq_id_stride_b", _i64), ("kv_seq_id_stride_b", _i64),
+        ("drafter_anchor", _ptr), ("drafter_keep", _ptr), ("drafter_stride_b", _i64),
+        ("drafter_context_len", _i32), ("drafter_num_blocks", _i32),
+        ("alibi_slopes", _ptr),
+        ("buffers", KcBuffer * MAX_EXPR_BUFFERS),
+        ("buffer_grads", _ptr * MAX_EXPR_BUFFERS),
+        ("tile_class", _ptr),
+        ("tile_class_stride_b", _i64), ("tile_class_stride_h", _i64),
+        ("tile_class_stride_m", _i64),
+    ]
+
+
+def _nvrtc_ptx(source, arch=80):
+    lib = _lib_nvrtc()
+    prog = ctypes.c_void_p()
+    hdrs = _header_sources()
+    n = len(HEADERS)
+    lib.nvrtcCreateProgram(ctypes.byref(prog), source.encode(), b"layout_probe.cu", n,
+                           (ctypes.c_char_p * n)(*hdrs),
+                           (ctypes.c_char_p * n)(*[h.encode() for h in HEADERS]))
+    opts = [b"--gpu-architecture=compute_%d" % arch, b"--std=c++17"]
+    r = lib.nvrtcCompileProgram(prog, len(opts), (ctypes.c_char_p * len(opts))(*opts))
+    size = ctypes.c_size_t()
+    if r != 0:
+        lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
+        buf = ctypes.create_string_buffer(size.value)
+        lib.nvrtcGetProgramLog(prog, buf)
+        raise RuntimeError("layout probe failed:\n" + buf.value.decode(errors="replace"))
+    lib.nvrtcGetPTXSize(prog, ctypes.byref(size))
+    buf = ctypes.create_string_buffer(size.value)
+    lib.nvrtcGetPTX(prog, buf)
+    lib.nvrtcDestroyProgram(ctypes.byref(prog))
+    return buf.value.decode()
+
+
+def check_params_layout():
+    """Proves the ctypes mirror against the C++ struct as NVRTC lays it out.
+
+    Compiles one tiny kernel per field that stores the field's offset (and
+    one for each sizeof) and reads the constants back from the PTX. Raises
+    on any difference; returns sizeof(AttentionParams). Needs no GPU."""
+    import re
+    items = [("size_params", "sizeof(kcache::AttentionParams)", ctypes.sizeof(AttentionParams)),
+             ("size_buffer", "sizeof(kcache::KcBuffer)", ctypes.sizeof(KcBuffer)),
+             ("abi", "kcache::kAttentionAbiVersion", ABI_VERSION)]
+    for name, _ in AttentionParams._fields_:
+        items.append(("p_" + name, "reinterpret_cast<const char*>(&g_p.%s) - "
+                      "reinterpret_cast<const char*>(&g_p)" % name,
+                      getattr(AttentionParams, name).offset))
+    for name, _ in KcBuffer._fields_:
+        items.append(("b_" + name, "reinterpret_cast<const char*>(&g_b.%s) - "
+                      "reinterpret_cast<const char*>(&g_b)" % name, getattr(KcBuffer, name).offset))
+    src = ['#include "attention_params.h"', "__device__ kcache::AttentionParams g_p;",
+           "__device__ kcache::KcBuffer g_b;"]
+    for kname, expr, _ in items:
+        src.append('extern "C" __global__ void probe_%s(long long* o) { *o = (long long)(%s); }'
+                   % (kname, expr))
+    ptx = _nvrtc_ptx("\n".join(src) + "\n")
+    bad = []
+    for kname, _, want in items:
+        body = ptx.split(".entry probe_%s(" % kname, 1)[1].split("ret;", 1)[0]
+        m = re.search(r"mov\.[ub]64\s+%rd\d+,\s*(-?\d+);", body)
+        got = int(m.group(1)) if m else None
+        if got != want:
+            bad.append("%s: C++ %s, ctypes %s" % (kname, got, want))
+    if bad:
+        raise RuntimeError("AttentionParams mirror out of step: " + "; ".join(bad))
+    return ctypes.sizeof(AttentionParams)
+
+
+# ---------------------------------------------------------------------------
+# CUDA driver through ctypes (GPU machines only)
+# ---------------------------------------------------------------------------
+_cuda = None
+CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
+
+
+def _lib_cuda():
+    global _cuda
+    if _cuda is None:
+        _cuda = ctypes.CDLL("libcuda.so.1")
+    return _cuda
+
+
+def _check(r, what):
+    if r != 0:
+        s = ctypes.c_char_p()
+        _lib_cuda().cuGetErrorString(r, ctypes.byref(s))
+        raise RuntimeError("%s failed: %d %s" % (what, r, s.value))
+
+
+class Kernel:
+    """A loaded kcache_attn_fwd (and kcache_attn_mask_build for expression masks)."""
+
+    def __init__(self, spec, cubin):
+        import torch
+        torch.cuda.init()
+        torch.zeros(1, device="cuda")  # makes the primary context current
+        cu = _lib_cuda()
+        self.spec = spec
+        self._cubin = ctypes.create_string_buffer(cubin, len(cubin))
+        self.module = ctypes.c_void_p()
+        _check(cu.cuModuleLoadData(ctypes.byref(self.module), self._cubin), "cuModuleLoadData")
+        self.fwd = ctypes.c_void_p()
+        _check(cu.cuModuleGetFunction(ctypes.byref(self.fwd), self.module, b"kcache_attn_fwd"),
+               "cuModuleGetFunction(fwd)")
+        bm, bn, nw, st = spec["tiles"]
+        self.block_m, self.block_n, self.threads = bm, bn, nw * 32
+        self.smem = smem_bytes(bm, bn, st, spec["dqk"], spec["dv"])
+        _check(cu.cuFuncSetAttribute(self.fwd, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                     self.smem), "cuFuncSetAttribute")
+        self.mask_build = None
+        if spec["mask"] == "expr":
+            self.mask_build = ctypes.c_void_p()
+            _check(cu.cuModuleGetFunction(ctypes.byref(self.mask_build), self.module,
+                                          b"kcache_attn_mask_build"), "cuModuleGetFunction(mb)")
+
+    def _launch(self, func, grid, threads, smem, params):
+        import torch
+        stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+        args = (ctypes.c_void_p * 1)(ctypes.cast(ctypes.pointer(params), ctypes.c_void_p))
+        _check(_lib_cuda().cuLaunchKernel(func, grid[0], grid[1], grid[2], threads, 1, 1, smem,
+                                          stream, args, None), "cuLaunchKernel")
+
+    def grid(self, params):
+        return ((params.q_len + self.block_m - 1) // self.block_m, params.num_q_heads,
+                params.batch)
+
+    def launch_mask_build(self, params):
+        self._launch(self.mask_build, self.grid(params), 128, 0, params)
+
+    def launch(self, params):
+        self._launch(self.fwd, self.grid(params), self.threads, self.smem, params)
+
+
+def make_params(q, k, v, o, lse=None):
+    """Params for [B, H, S, D] views (any strides with a contiguous last dim)."""
+    p = AttentionParams()
+    p.q, p.k, p.v, p.o = q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr()
+    p.q_stride_b, p.q_stride_h, p.q_stride_s = q.stride(0), q.stride(1), q.stride(2)
+    p.k_stride_b, p.k_stride_h, p.k_stride_s = k.stride(0), k.stride(1), k.stride(2)
+    p.v_stride_b, p.v_stride_h, p.v_stride_s = v.stride(0), v.stride(1), v.stride(2)
+    p.o_stride_b, p.o_stride_h, p.o_stride_s = o.stride(0), o.stride(1), o.stride(2)
+    if lse is not None:
+        p.lse = lse.data_ptr()
+        p.lse_stride_b, p.lse_stride_h = lse.stride(0), lse.stride(1)
+    p.batch, p.num_q_heads, p.q_len = q.shape[0], q.shape[1], q.shape[2]
+    p.num_kv_heads, p.kv_len = k.shape[1], k.shape[2]
+    return p
+
+
+def set_buffer(p, i, t):
+    """Expression buffer i from a torch tensor (rank = t.dim())."""
+    p.buffers[i].ptr = t.data_ptr()
+    p.buffers[i].rank = t.dim()
+    for d in range(t.dim()):
+        p.buffers[i].extent[d] = t.shape[d]
+        p.buffers[i].stride[d] = t.stride(d)
