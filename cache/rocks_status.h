@@ -1,5 +1,6 @@
-// The one adapter from rocksdb::Status to absl::Status. Every RocksDB call in
-// cache/ goes through FromRocks; nothing else inspects rocksdb::Status.
+// The one adapter from rocksdb::Status to absl::Status. Every RocksDB error in
+// cache/ leaves through FromRocks; callers only test IsNotFound() first where
+// "absent" is a normal answer rather than an error.
 #pragma once
 
 #include <string_view>

@@ -117,7 +117,8 @@ class Store {
   Store(const Store&) = delete;
   Store& operator=(const Store&) = delete;
 
-  // Stops the flusher, writes pending access statistics, closes the DB.
+  // Stops the flusher, writes pending access statistics, flushes memtables
+  // (so that the next Open replays no log), closes the DB.
   // Idempotent. No other call may run concurrently with or after Close.
   absl::Status Close();
 
