@@ -480,68 +480,16 @@ extern "C" __global__ void __launch_bounds__(KC_NUM_WARPS * 32)
     }
     const int n0 = tile * kBN;
 
-    // ---- S = Q K^T -------------------------------------------------------
-    float s[kMT][kNT][4];
-#pragma unroll
-    for (int mt = 0; mt < kMT; ++mt) {
-#pragma unroll
-      for (int nt = 0; nt < kNT; ++nt) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) s[mt][nt][e] = 0.f;
-      }
-    }
-    const unsigned k_base = k_lane_base + stage * kKBytes;
-#pragma unroll
-    for (int kk = 0; kk < kKQ; ++kk) {
-      unsigned qa[kMT][4];
-#pragma unroll
-      for (int mt = 0; mt < kMT; ++mt) {
-        if constexpr (kQInRegs) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) qa[mt][e] = qreg[mt][kk][e];
-        } else {
-          ldsm_x4(q_row_addr0 + mt * (16 * kDQK * 2) + ((kk * 32) ^ qkey), qa[mt][0], qa[mt][1],
-                  qa[mt][2], qa[mt][3]);
-        }
-      }
-#pragma unroll
-      for (int np = 0; np < kNT / 2; ++np) {
-        unsigned b0, b1, b2, b3;
-        ldsm_x4(k_base + np * 16 * (kDQK * 2) + ((kk * 32) ^ kkey), b0, b1, b2, b3);
-#pragma unroll
-        for (int mt = 0; mt < kMT; ++mt) {
-          mma16816(s[mt][2 * np], qa[mt], b0, b1);
-          mma16816(s[mt][2 * np + 1], qa[mt], b2, b3);
-        }
-      }
-    }
-
-    // ---- score modification and mask -----------------------------------
-#if KC_SCORE_MOD != KC_SCORE_NONE
-#pragma unroll
-    for (int mt = 0; mt < kMT; ++mt) {
-#pragma unroll
-      for (int nt = 0; nt < kNT; ++nt) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int q = row_base + mt * 16 + (e >> 1) * 8;
-          const int kv = n0 + nt * 8 + 2 * t4 + (e & 1);
-          float x = s[mt][nt][e] * kScale;
-#if KC_SCORE_MOD == KC_SCORE_SOFTCAP
-          x = KC_SOFTCAP * tanhf(x * (1.f / KC_SOFTCAP));
-          (void)q;
-          (void)kv;
-#elif KC_SCORE_MOD == KC_SCORE_ALIBI
-          x += alibi_slope * static_cast<float>(kv - q);
-#elif KC_SCORE_MOD == KC_SCORE_EXPR
-          x = kc_expr_score(x, b, h, q, kv, p);
-#endif
-          s[mt][nt][e] = x * kLog2e;
-        }
-      }
-    }
-#endif
+    // ---- visibility of a partial tile, per element, before any MMA ------
+    // Bits of this thread's elements; a warp none of whose rows sees the
+    // tile skips it, a warp all of whose rows see all of it skips the mask.
+    constexpr int kElems = kMT * kNT * 4;
+    constexpr int kVW = (kElems + 31) / 32;
+    unsigned vbits[kVW];
+    int wcls = cls;
     if (cls != 2) {
+#pragma unroll
+      for (int w = 0; w < kVW; ++w) vbits[w] = 0u;
       // Row data of this thread's rows (list masks that need it).
 #if KC_MASK == KC_MASK_DOCUMENT || KC_MASK == KC_MASK_DRAFTER
       int4 rd[kMT][2];
@@ -566,11 +514,9 @@ extern "C" __global__ void __launch_bounds__(KC_NUM_WARPS * 32)
               const int q = row_base + mt * 16 + hh * 8;
               bool vis = kv < kv_len;
 #if KC_MASK == KC_MASK_CAUSAL || KC_MASK == KC_MASK_SLIDING_WINDOW
-              {
-                // kv - (q + off) within [-left, right]; written as bounds on kv.
-                if (kWinLeft >= 0) vis = vis && kv >= q + off - kWinLeft;
-                if (kWinRight >= 0) vis = vis && kv <= q + off + kWinRight;
-              }
+              // kv - (q + off) within [-left, right]; written as bounds on kv.
+              if (kWinLeft >= 0) vis = vis && kv >= q + off - kWinLeft;
+              if (kWinRight >= 0) vis = vis && kv <= q + off + kWinRight;
 #elif KC_MASK == KC_MASK_DOCUMENT
               vis = vis && kv_id == rd[mt][hh].x && (!KC_DOC_CAUSAL || kv <= q);
 #elif KC_MASK == KC_MASK_DRAFTER
@@ -580,73 +526,161 @@ extern "C" __global__ void __launch_bounds__(KC_NUM_WARPS * 32)
               vis = vis && kc_expr_mask(b, h, q, kv, p);
 #endif
               (void)q;
-              if (!vis) s[mt][nt][hh * 2 + c] = neg_inf();
+              const int bit = (mt * kNT + nt) * 4 + hh * 2 + c;
+              if (vis) vbits[bit >> 5] |= 1u << (bit & 31);
             }
           }
         }
       }
-    }
-
-    // ---- online softmax (log2 domain) -----------------------------------
+      bool any = false, all = true;
 #pragma unroll
-    for (int mt = 0; mt < kMT; ++mt) {
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        float mx = neg_inf();
-#pragma unroll
-        for (int nt = 0; nt < kNT; ++nt) {
-          mx = fmaxf(mx, fmaxf(s[mt][nt][hh * 2], s[mt][nt][hh * 2 + 1]));
-        }
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        const float m_new = fmaxf(m_run[mt][hh], mx * kMul);
-        // A row with nothing visible yet keeps m = -inf; subtract 0 then,
-        // so that exp2 gives 0 rather than NaN.
-        const float m_use = m_new == neg_inf() ? 0.f : m_new;
-        const float alpha = exp2_approx(m_run[mt][hh] - m_use);
-        m_run[mt][hh] = m_new;
-        float sum = 0.f;
-#pragma unroll
-        for (int nt = 0; nt < kNT; ++nt) {
-#pragma unroll
-          for (int c = 0; c < 2; ++c) {
-            const float pv = exp2_approx(fmaf(s[mt][nt][hh * 2 + c], kMul, -m_use));
-            s[mt][nt][hh * 2 + c] = pv;
-            sum += pv;
-          }
-        }
-        l_run[mt][hh] = l_run[mt][hh] * alpha + sum;
-#pragma unroll
-        for (int dt = 0; dt < kDT; ++dt) {
-          o[mt][dt][hh * 2] *= alpha;
-          o[mt][dt][hh * 2 + 1] *= alpha;
-        }
+      for (int w = 0; w < kVW; ++w) {
+        const unsigned full = (w + 1) * 32 <= kElems ? 0xffffffffu : (1u << (kElems - w * 32)) - 1u;
+        any = any || vbits[w] != 0u;
+        all = all && vbits[w] == full;
       }
+      any = __any_sync(0xffffffffu, any);
+      all = __all_sync(0xffffffffu, all);
+      wcls = any ? (all ? 2 : 1) : 0;
     }
 
-    // ---- O += P V ----------------------------------------------------------
-    const unsigned v_base = v_lane_base + stage * kVBytes;
-#pragma unroll
-    for (int kk = 0; kk < kKV; ++kk) {
-      unsigned pa[kMT][4];
+    if (wcls != 0) {
+      // ---- S = Q K^T -------------------------------------------------------
+      float s[kMT][kNT][4];
 #pragma unroll
       for (int mt = 0; mt < kMT; ++mt) {
-        pa[mt][0] = pack2(s[mt][2 * kk][0], s[mt][2 * kk][1]);
-        pa[mt][1] = pack2(s[mt][2 * kk][2], s[mt][2 * kk][3]);
-        pa[mt][2] = pack2(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
-        pa[mt][3] = pack2(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
-      }
 #pragma unroll
-      for (int dp = 0; dp < kDT / 2; ++dp) {
-        unsigned b0, b1, b2, b3;
-        ldsm_x4_t(v_base + kk * 16 * (kDV * 2) + ((dp * 32) ^ qkey), b0, b1, b2, b3);
+        for (int nt = 0; nt < kNT; ++nt) {
 #pragma unroll
-        for (int mt = 0; mt < kMT; ++mt) {
-          mma16816(o[mt][2 * dp], pa[mt], b0, b1);
-          mma16816(o[mt][2 * dp + 1], pa[mt], b2, b3);
+          for (int e = 0; e < 4; ++e) s[mt][nt][e] = 0.f;
         }
       }
-    }
+      const unsigned k_base = k_lane_base + stage * kKBytes;
+#pragma unroll
+      for (int kk = 0; kk < kKQ; ++kk) {
+        unsigned qa[kMT][4];
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt) {
+          if constexpr (kQInRegs) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) qa[mt][e] = qreg[mt][kk][e];
+          } else {
+            ldsm_x4(q_row_addr0 + mt * (16 * kDQK * 2) + ((kk * 32) ^ qkey), qa[mt][0], qa[mt][1],
+                    qa[mt][2], qa[mt][3]);
+          }
+        }
+#pragma unroll
+        for (int np = 0; np < kNT / 2; ++np) {
+          unsigned b0, b1, b2, b3;
+          ldsm_x4(k_base + np * 16 * (kDQK * 2) + ((kk * 32) ^ kkey), b0, b1, b2, b3);
+#pragma unroll
+          for (int mt = 0; mt < kMT; ++mt) {
+            mma16816(s[mt][2 * np], qa[mt], b0, b1);
+            mma16816(s[mt][2 * np + 1], qa[mt], b2, b3);
+          }
+        }
+      }
+
+      // ---- score modification and mask -----------------------------------
+#if KC_SCORE_MOD != KC_SCORE_NONE
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+        for (int nt = 0; nt < kNT; ++nt) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int q = row_base + mt * 16 + (e >> 1) * 8;
+            const int kv = n0 + nt * 8 + 2 * t4 + (e & 1);
+            float x = s[mt][nt][e] * kScale;
+#if KC_SCORE_MOD == KC_SCORE_SOFTCAP
+            x = KC_SOFTCAP * tanhf(x * (1.f / KC_SOFTCAP));
+            (void)q;
+            (void)kv;
+#elif KC_SCORE_MOD == KC_SCORE_ALIBI
+            x += alibi_slope * static_cast<float>(kv - q);
+#elif KC_SCORE_MOD == KC_SCORE_EXPR
+            x = kc_expr_score(x, b, h, q, kv, p);
+#endif
+            s[mt][nt][e] = x * kLog2e;
+          }
+        }
+      }
+#endif
+      if (wcls == 1) {
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+          for (int nt = 0; nt < kNT; ++nt) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              const int bit = (mt * kNT + nt) * 4 + e;
+              if (!((vbits[bit >> 5] >> (bit & 31)) & 1u)) s[mt][nt][e] = neg_inf();
+            }
+          }
+        }
+      }
+
+      // ---- online softmax (log2 domain) -----------------------------------
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          float mx = neg_inf();
+#pragma unroll
+          for (int nt = 0; nt < kNT; ++nt) {
+            mx = fmaxf(mx, fmaxf(s[mt][nt][hh * 2], s[mt][nt][hh * 2 + 1]));
+          }
+          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+          const float m_new = fmaxf(m_run[mt][hh], mx * kMul);
+          // A row with nothing visible yet keeps m = -inf; subtract 0 then,
+          // so that exp2 gives 0 rather than NaN.
+          const float m_use = m_new == neg_inf() ? 0.f : m_new;
+          const float alpha = exp2_approx(m_run[mt][hh] - m_use);
+          m_run[mt][hh] = m_new;
+          float sum = 0.f;
+#pragma unroll
+          for (int nt = 0; nt < kNT; ++nt) {
+#pragma unroll
+            for (int c = 0; c < 2; ++c) {
+              const float pv = exp2_approx(fmaf(s[mt][nt][hh * 2 + c], kMul, -m_use));
+              s[mt][nt][hh * 2 + c] = pv;
+              sum += pv;
+            }
+          }
+          l_run[mt][hh] = l_run[mt][hh] * alpha + sum;
+#pragma unroll
+          for (int dt = 0; dt < kDT; ++dt) {
+            o[mt][dt][hh * 2] *= alpha;
+            o[mt][dt][hh * 2 + 1] *= alpha;
+          }
+        }
+      }
+
+      // ---- O += P V ----------------------------------------------------------
+      const unsigned v_base = v_lane_base + stage * kVBytes;
+#pragma unroll
+      for (int kk = 0; kk < kKV; ++kk) {
+        unsigned pa[kMT][4];
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt) {
+          pa[mt][0] = pack2(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+          pa[mt][1] = pack2(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+          pa[mt][2] = pack2(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+          pa[mt][3] = pack2(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+        }
+#pragma unroll
+        for (int dp = 0; dp < kDT / 2; ++dp) {
+          unsigned b0, b1, b2, b3;
+          ldsm_x4_t(v_base + kk * 16 * (kDV * 2) + ((dp * 32) ^ qkey), b0, b1, b2, b3);
+#pragma unroll
+          for (int mt = 0; mt < kMT; ++mt) {
+            mma16816(o[mt][2 * dp], pa[mt], b0, b1);
+            mma16816(o[mt][2 * dp + 1], pa[mt], b2, b3);
+          }
+        }
+      }
+    }  // wcls != 0
 
     if constexpr (kStages != 2) {
       stage = stage + 1 == kStages ? 0 : stage + 1;
