@@ -43,7 +43,8 @@ absl::Status BundleWriter::Begin() {
 absl::Status BundleWriter::Add(const v1::KernelRecord& record, std::string_view cubin) {
   std::string rec = record.SerializeAsString();
   if (rec.size() > kBundleMaxRecordBytes) {
-    return absl::InvalidArgumentError(absl::StrCat("record of ", rec.size(), " bytes is too large"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("record of ", rec.size(), " bytes is too large"));
   }
   std::string head(1, 'R');
   PutLe<uint32_t>(head, static_cast<uint32_t>(rec.size()));
@@ -90,7 +91,8 @@ absl::StatusOr<std::vector<BundleEntry>> DecodeBundle(std::string_view in) {
     if (tag != 'R') {
       return absl::DataLossError(absl::StrCat("bundle: frame ", frame, ": bad tag"));
     }
-    if (in.size() < 4) return absl::DataLossError(absl::StrCat("bundle: frame ", frame, ": truncated"));
+    if (in.size() < 4)
+      return absl::DataLossError(absl::StrCat("bundle: frame ", frame, ": truncated"));
     uint32_t rlen = GetLe<uint32_t>(in);
     in.remove_prefix(4);
     if (rlen > kBundleMaxRecordBytes || rlen > in.size()) {
@@ -103,7 +105,8 @@ absl::StatusOr<std::vector<BundleEntry>> DecodeBundle(std::string_view in) {
           absl::StrCat("bundle: frame ", frame, ": ", record.status().message()));
     }
     in.remove_prefix(rlen);
-    if (in.size() < 8) return absl::DataLossError(absl::StrCat("bundle: frame ", frame, ": truncated"));
+    if (in.size() < 8)
+      return absl::DataLossError(absl::StrCat("bundle: frame ", frame, ": truncated"));
     uint64_t clen = GetLe<uint64_t>(in);
     in.remove_prefix(8);
     if (clen > in.size()) {

@@ -78,7 +78,8 @@ absl::StatusOr<std::string> FromHex(std::string_view hex) {
   for (size_t i = 0; i < out.size(); ++i) {
     int hi = nibble(hex[2 * i]), lo = nibble(hex[2 * i + 1]);
     if (hi < 0 || lo < 0) {
-      return absl::InvalidArgumentError(absl::StrCat("not a hex digit at offset ", hi < 0 ? 2 * i : 2 * i + 1));
+      return absl::InvalidArgumentError(
+          absl::StrCat("not a hex digit at offset ", hi < 0 ? 2 * i : 2 * i + 1));
     }
     out[i] = static_cast<char>(hi << 4 | lo);
   }

@@ -1,6 +1,7 @@
 // LRU-by-bytes in-memory layer (see hot_cache.h).
-#include "cache/string_view_compat.h"
 #include "cache/hot_cache.h"
+
+#include "cache/string_view_compat.h"
 
 namespace kcache {
 

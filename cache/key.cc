@@ -35,15 +35,12 @@ std::string ToolchainId(const v1::Toolchain& toolchain) {
   return std::string(AsBytes(d).substr(0, kToolchainIdSize));
 }
 
-std::string ToolchainIdHex(const v1::Toolchain& toolchain) {
-  return ToHex(ToolchainId(toolchain));
-}
+std::string ToolchainIdHex(const v1::Toolchain& toolchain) { return ToHex(ToolchainId(toolchain)); }
 
 absl::StatusOr<std::string> ParseToolchainIdHex(std::string_view hex) {
   if (hex.size() != 2 * kToolchainIdSize) {
-    return absl::InvalidArgumentError(absl::StrCat("toolchain_id: expected ",
-                                                   2 * kToolchainIdSize, " hex digits, got ",
-                                                   hex.size()));
+    return absl::InvalidArgumentError(absl::StrCat("toolchain_id: expected ", 2 * kToolchainIdSize,
+                                                   " hex digits, got ", hex.size()));
   }
   auto raw = FromHex(hex);
   if (!raw.ok()) {
@@ -57,8 +54,8 @@ absl::StatusOr<std::string> ComputeKey(const KeyParts& p) {
     return absl::InvalidArgumentError("spec_canonical: empty");
   }
   if (p.template_digest.size() != 64) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "template_digest: expected 64 hex digits, got ", p.template_digest.size()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("template_digest: expected 64 hex digits, got ", p.template_digest.size()));
   }
   for (char c : p.template_digest) {
     if (!IsHexDigit(c)) return absl::InvalidArgumentError("template_digest: not hex");
@@ -95,9 +92,8 @@ absl::Status ValidateKey(std::string_view key) {
         absl::StrCat("key: expected ", kKeySize, " bytes, got ", key.size()));
   }
   if (static_cast<uint8_t>(key[0]) != kKeyFormatVersion) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("key: format version ", static_cast<uint8_t>(key[0]), ", expected ",
-                     kKeyFormatVersion));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "key: format version ", static_cast<uint8_t>(key[0]), ", expected ", kKeyFormatVersion));
   }
   return absl::OkStatus();
 }

@@ -1,8 +1,9 @@
 // Logical latches (see latch.h).
-#include "cache/string_view_compat.h"
 #include "cache/latch.h"
 
 #include <algorithm>
+
+#include "cache/string_view_compat.h"
 
 namespace kcache {
 

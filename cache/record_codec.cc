@@ -11,8 +11,8 @@ namespace kcache {
 absl::Status ValidateRecord(const v1::KernelRecord& r) {
   if (auto s = ValidateKey(r.key()); !s.ok()) return s;
   if (r.format_version() != kRecordFormatVersion) {
-    return absl::InvalidArgumentError(absl::StrCat("format_version: ", r.format_version(),
-                                                   ", expected ", kRecordFormatVersion));
+    return absl::InvalidArgumentError(
+        absl::StrCat("format_version: ", r.format_version(), ", expected ", kRecordFormatVersion));
   }
   if (r.cubin_sha256().size() != 32) {
     return absl::InvalidArgumentError(

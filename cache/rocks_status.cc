@@ -24,12 +24,12 @@ absl::Status FromRocks(const rocksdb::Status& s, std::string_view what) {
     case rocksdb::Status::kIOError:
       // RocksDB reports a held LOCK file as an IOError ("While lock file:
       // ... Resource temporarily unavailable"); say plainly what it means.
-      if (absl::StrContains(s.ToString(), "lock file") ||
-          absl::StrContains(s.ToString(), "LOCK")) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            AbslView(what), ": the store is locked by another process (a running kcached?); "
-                  "open it read-only instead (",
-            s.ToString(), ")"));
+      if (absl::StrContains(s.ToString(), "lock file") || absl::StrContains(s.ToString(), "LOCK")) {
+        return absl::FailedPreconditionError(
+            absl::StrCat(AbslView(what),
+                         ": the store is locked by another process (a running kcached?); "
+                         "open it read-only instead (",
+                         s.ToString(), ")"));
       }
       return absl::UnavailableError(msg);
     case rocksdb::Status::kBusy:

@@ -50,9 +50,8 @@ bool StartsWith(std::string_view s, std::string_view prefix) { return s.starts_w
 // recording hits then never needs a read.
 class AccessStatsMerge : public rocksdb::AssociativeMergeOperator {
  public:
-  bool Merge(const rocksdb::Slice& key, const rocksdb::Slice* existing,
-             const rocksdb::Slice& value, std::string* new_value,
-             rocksdb::Logger* logger) const override {
+  bool Merge(const rocksdb::Slice& key, const rocksdb::Slice* existing, const rocksdb::Slice& value,
+             std::string* new_value, rocksdb::Logger* logger) const override {
     v1::AccessStats a, b;
     // An unreadable value counts as empty rather than failing reads of it.
     if (existing != nullptr) (void)a.ParseFromArray(existing->data(), existing->size());
@@ -91,7 +90,8 @@ std::string RefKey(std::string_view digest, std::string_view key) {
 }
 
 absl::Status ReadOnlyError(std::string_view what) {
-  return absl::FailedPreconditionError(absl::StrCat(AbslView(what), ": the store is open read-only"));
+  return absl::FailedPreconditionError(
+      absl::StrCat(AbslView(what), ": the store is open read-only"));
 }
 
 }  // namespace
@@ -195,9 +195,9 @@ absl::StatusOr<std::unique_ptr<Store>> Store::Open(const std::string& path, Stor
   } else if (auto st = FromRocks(rs, "read store format"); !st.ok()) {
     return st;
   } else if (format != kStoreFormat) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "open ", path, ": store format '", format, "' is not supported (this build reads ",
-        kStoreFormat, ")"));
+    return absl::FailedPreconditionError(absl::StrCat("open ", path, ": store format '", format,
+                                                      "' is not supported (this build reads ",
+                                                      kStoreFormat, ")"));
   }
 
   if (!ro && s->options_.stats_flush_interval > absl::ZeroDuration()) {
@@ -413,8 +413,7 @@ absl::StatusOr<std::string> Store::ReadVerifiedBlob(const v1::KernelRecord& reco
   std::string cubin;
   auto rs = db_->Get(rocksdb::ReadOptions(), cf_blobs_, S(record.cubin_sha256()), &cubin);
   if (rs.IsNotFound()) {
-    return absl::DataLossError(
-        absl::StrCat("blob ", ToHex(record.cubin_sha256()), " is missing"));
+    return absl::DataLossError(absl::StrCat("blob ", ToHex(record.cubin_sha256()), " is missing"));
   }
   // A RocksDB checksum failure (Corruption) maps to DataLoss: quarantined too.
   if (auto st = FromRocks(rs, "read blob"); !st.ok()) return st;
@@ -588,7 +587,8 @@ absl::StatusOr<v1::ListResponse> Store::List(const v1::Filter& filter, uint32_t 
   };
   if (!filter.toolchain_id().empty()) {
     auto raw = ParseToolchainIdHex(filter.toolchain_id());
-    if (!raw.ok()) return absl::InvalidArgumentError(absl::StrCat("filter.", raw.status().message()));
+    if (!raw.ok())
+      return absl::InvalidArgumentError(absl::StrCat("filter.", raw.status().message()));
     auto r = ToolchainRange(*raw);
     narrow(r.begin, r.end);
   }
@@ -673,11 +673,12 @@ absl::StatusOr<std::string> Store::ResolveKeyPrefix(std::string_view hex_prefix)
   }
   if (auto st = FromRocks(it->status(), "resolve key prefix"); !st.ok()) return st;
   if (found.empty()) {
-    return absl::NotFoundError(absl::StrCat("no entry has a key starting with ", AbslView(hex_prefix)));
+    return absl::NotFoundError(
+        absl::StrCat("no entry has a key starting with ", AbslView(hex_prefix)));
   }
   if (found.size() > 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("key prefix ", AbslView(hex_prefix), " is ambiguous (matches several entries)"));
+    return absl::InvalidArgumentError(absl::StrCat("key prefix ", AbslView(hex_prefix),
+                                                   " is ambiguous (matches several entries)"));
   }
   return found[0];
 }
@@ -718,8 +719,7 @@ absl::StatusOr<v1::StatsResponse> Store::Stats() {
     if (auto st = FromRocks(it->status(), "stats"); !st.ok()) return st;
   }
   {
-    std::unique_ptr<rocksdb::Iterator> it(
-        db_->NewIterator(rocksdb::ReadOptions(), cf_quarantine_));
+    std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions(), cf_quarantine_));
     for (it->SeekToFirst(); it->Valid(); it->Next()) out.set_quarantined(out.quarantined() + 1);
     if (auto st = FromRocks(it->status(), "stats"); !st.ok()) return st;
   }
@@ -993,7 +993,8 @@ absl::StatusOr<v1::InvalidateResponse> Store::Invalidate(const v1::InvalidateReq
     case v1::InvalidateRequest::kKey:
       return InvalidateKey(request.key());
     default:
-      return absl::InvalidArgumentError("what: none of toolchain_id, arch, created_before, key set");
+      return absl::InvalidArgumentError(
+          "what: none of toolchain_id, arch, created_before, key set");
   }
 }
 
@@ -1012,8 +1013,8 @@ absl::StatusOr<uint64_t> Store::CollectGarbage() {
       std::string raw;
       auto rs = db_->Get(rocksdb::ReadOptions(), cf_records_, S(rk.substr(32)), &raw);
       v1::KernelRecord r;
-      if (rs.IsNotFound() || (rs.ok() && r.ParseFromString(raw) &&
-                              r.cubin_sha256() != rk.substr(0, 32))) {
+      if (rs.IsNotFound() ||
+          (rs.ok() && r.ParseFromString(raw) && r.cubin_sha256() != rk.substr(0, 32))) {
         stale.emplace_back(std::string(rk.substr(0, 32)), std::string(rk.substr(32)));
       }
     }
@@ -1030,7 +1031,8 @@ absl::StatusOr<uint64_t> Store::CollectGarbage() {
     auto rs = db_->Get(rocksdb::ReadOptions(), cf_records_, S(key), &raw);
     v1::KernelRecord r;
     if (rs.IsNotFound() || (rs.ok() && r.ParseFromString(raw) && r.cubin_sha256() != digest)) {
-      auto st = FromRocks(db_->Delete(rocksdb::WriteOptions(), cf_refs_, RefKey(digest, key)), "gc");
+      auto st =
+          FromRocks(db_->Delete(rocksdb::WriteOptions(), cf_refs_, RefKey(digest, key)), "gc");
       if (!st.ok()) return st;
     }
   }
@@ -1070,8 +1072,8 @@ absl::StatusOr<uint64_t> Store::CollectGarbage() {
 
 // --- Export / import ---------------------------------------------------------
 
-absl::StatusOr<ExportResult> Store::Export(
-    const v1::Filter& filter, absl::FunctionRef<absl::Status(std::string_view)> sink) {
+absl::StatusOr<ExportResult> Store::Export(const v1::Filter& filter,
+                                           absl::FunctionRef<absl::Status(std::string_view)> sink) {
   ExportResult result;
   BundleWriter writer([&](std::string_view piece) { return sink(piece); });
   if (auto s = writer.Begin(); !s.ok()) return s;
@@ -1144,8 +1146,8 @@ absl::StatusOr<v1::ImportResponse> Store::Import(std::string_view bundle,
           " (set allow_foreign_toolchain to import it anyway)"));
     }
     if (!seen.insert(r.key()).second) {
-      return absl::DataLossError(absl::StrCat("bundle: entry ", i, ": duplicate key ",
-                                              KeyToHex(r.key())));
+      return absl::DataLossError(
+          absl::StrCat("bundle: entry ", i, ": duplicate key ", KeyToHex(r.key())));
     }
   }
   v1::ImportResponse out;

@@ -109,8 +109,7 @@ class Store {
   // FailedPrecondition when another process holds the store open for
   // writing (message says so) or the store format is unknown; NotFound when
   // read_only and no store exists; otherwise the mapped RocksDB error.
-  static absl::StatusOr<std::unique_ptr<Store>> Open(const std::string& path,
-                                                     StoreOptions options);
+  static absl::StatusOr<std::unique_ptr<Store>> Open(const std::string& path, StoreOptions options);
 
   // Closes on destruction (errors are then dropped; call Close to see them).
   ~Store();
@@ -254,8 +253,8 @@ class Store {
   // Deletes the given entries (record, stats, pins, refs) and collects blobs.
   absl::StatusOr<v1::InvalidateResponse> RemoveWhere(
       absl::FunctionRef<bool(const v1::KernelRecord&)> pred);
-  absl::StatusOr<v1::InvalidateResponse> RemoveKeys(std::vector<std::string> keys,
-                                                    bool keep_pinned, int64_t protect_after_ms);
+  absl::StatusOr<v1::InvalidateResponse> RemoveKeys(std::vector<std::string> keys, bool keep_pinned,
+                                                    int64_t protect_after_ms);
   absl::StatusOr<std::vector<Scanned>> ScanRecords(
       std::string_view begin, std::string_view end,
       absl::FunctionRef<bool(const v1::KernelRecord&)> pred);

@@ -8,5 +8,7 @@
 #include "absl/strings/string_view.h"
 
 namespace kcache {
-inline absl::string_view AbslView(std::string_view s) { return absl::string_view(s.data(), s.size()); }
+inline absl::string_view AbslView(std::string_view s) {
+  return absl::string_view(s.data(), s.size());
+}
 }  // namespace kcache

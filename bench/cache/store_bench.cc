@@ -101,8 +101,8 @@ std::string EnsureStore(const std::string& name, size_t n, size_t blob) {
   // not race the compactions the bulk load triggered.
   for (const char* cf : {"records", "blobs", "refs", "stats"}) {
     rocksdb::DB* db = (*store)->raw_db_for_testing();
-    if (!db->CompactRange(rocksdb::CompactRangeOptions(),
-                          (*store)->column_family_for_testing(cf), nullptr, nullptr)
+    if (!db->CompactRange(rocksdb::CompactRangeOptions(), (*store)->column_family_for_testing(cf),
+                          nullptr, nullptr)
              .ok()) {
       std::abort();
     }
@@ -239,7 +239,8 @@ int main(int argc, char** argv) {
   namespace fs = std::filesystem;
   std::string smoke_dir;
   if (kcache::g_smoke) {
-    smoke_dir = (fs::temp_directory_path() / absl::StrCat("kcache-bench-smoke-", getpid())).string();
+    smoke_dir =
+        (fs::temp_directory_path() / absl::StrCat("kcache-bench-smoke-", getpid())).string();
     kcache::g_dir = smoke_dir;
   } else {
     const char* d = std::getenv("KCACHE_BENCH_DIR");

@@ -54,9 +54,9 @@ class CorruptionTest : public ::testing::Test {
   v1::QuarantineInfo Quarantined(int i) {
     std::string raw;
     v1::QuarantineInfo q;
-    auto s = store_->raw_db_for_testing()->Get(
-        rocksdb::ReadOptions(), store_->column_family_for_testing("quarantine"), records_[i].key(),
-        &raw);
+    auto s = store_->raw_db_for_testing()->Get(rocksdb::ReadOptions(),
+                                               store_->column_family_for_testing("quarantine"),
+                                               records_[i].key(), &raw);
     EXPECT_TRUE(s.ok()) << "entry " << i << " is not in the quarantine: " << s.ToString();
     EXPECT_TRUE(q.ParseFromString(raw));
     return q;
@@ -95,10 +95,10 @@ TEST_F(CorruptionTest, LookupNeverServesADamagedBlob) {
 }
 
 TEST_F(CorruptionTest, MissingBlobAndGarbageRecordAreQuarantined) {
-  ASSERT_TRUE(store_->raw_db_for_testing()
-                  ->Delete(rocksdb::WriteOptions(), store_->column_family_for_testing("blobs"),
-                           Digest(1))
-                  .ok());
+  ASSERT_TRUE(
+      store_->raw_db_for_testing()
+          ->Delete(rocksdb::WriteOptions(), store_->column_family_for_testing("blobs"), Digest(1))
+          .ok());
   EXPECT_EQ(*store_->Lookup(records_[1].key()), nullptr);
   EXPECT_THAT(Quarantined(1).reason(), HasSubstr("missing"));
 

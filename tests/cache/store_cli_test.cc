@@ -38,7 +38,8 @@ TEST(StoreCliTest, Subcommands) {
     o.stats_flush_interval = absl::ZeroDuration();
     auto s = Store::Open(dir.Sub("store"), o);
     ASSERT_THAT(s, IsOk());
-    for (int i = 0; i < 3; ++i) ASSERT_THAT((*s)->Publish(MakeRecord(i), MakeCubin(1000, i)), IsOk());
+    for (int i = 0; i < 3; ++i)
+      ASSERT_THAT((*s)->Publish(MakeRecord(i), MakeCubin(1000, i)), IsOk());
   }
   auto r = RunCli({flag, "stats"});
   EXPECT_EQ(r.rc, 0) << r.err;
@@ -71,16 +72,15 @@ TEST(StoreCliTest, Subcommands) {
 TEST(StoreCliTest, BadArgumentsAreOneLineErrorsWithExitStatus2) {
   TempDir dir;
   const std::string flag = "--store=" + dir.Sub("store");
-  for (const auto& args : std::vector<std::vector<std::string>>{
-           {},
-           {"stats"},
-           {flag, "frobnicate"},
-           {flag, "stats", "--bogus"},
-           {flag, "gc"},
-           {flag, "gc", "--max-bytes=lots"},
-           {flag, "export"},
-           {flag, "import"},
-           {flag, "import", "f.kcb"}}) {
+  for (const auto& args : std::vector<std::vector<std::string>>{{},
+                                                                {"stats"},
+                                                                {flag, "frobnicate"},
+                                                                {flag, "stats", "--bogus"},
+                                                                {flag, "gc"},
+                                                                {flag, "gc", "--max-bytes=lots"},
+                                                                {flag, "export"},
+                                                                {flag, "import"},
+                                                                {flag, "import", "f.kcb"}}) {
     auto r = RunCli(args);
     EXPECT_EQ(r.rc, 2) << ::testing::PrintToString(args);
     if (!args.empty()) {

@@ -166,7 +166,8 @@ TEST_F(StoreTest, AccessStatsAreBatchedAndFlushed) {
   // Nothing on disk yet: the hits are in memory.
   std::string raw;
   auto* stats_cf = store->column_family_for_testing("stats");
-  ASSERT_TRUE(store->raw_db_for_testing()->Get(rocksdb::ReadOptions(), stats_cf, rec.key(), &raw).ok());
+  ASSERT_TRUE(
+      store->raw_db_for_testing()->Get(rocksdb::ReadOptions(), stats_cf, rec.key(), &raw).ok());
   v1::AccessStats on_disk;
   ASSERT_TRUE(on_disk.ParseFromString(raw));
   EXPECT_EQ(on_disk.hits(), 0u);
@@ -177,7 +178,8 @@ TEST_F(StoreTest, AccessStatsAreBatchedAndFlushed) {
   EXPECT_EQ((*summary)->access().hits(), 5u);
   EXPECT_EQ((*summary)->access().last_used_unix_ms(), now_ms_.load());
   KC_ASSERT_OK(store->FlushAccessStats());
-  ASSERT_TRUE(store->raw_db_for_testing()->Get(rocksdb::ReadOptions(), stats_cf, rec.key(), &raw).ok());
+  ASSERT_TRUE(
+      store->raw_db_for_testing()->Get(rocksdb::ReadOptions(), stats_cf, rec.key(), &raw).ok());
   ASSERT_TRUE(on_disk.ParseFromString(raw));
   EXPECT_EQ(on_disk.hits(), 5u);
   // Close flushes too, and a republish keeps the count.
@@ -369,8 +371,9 @@ TEST_F(StoreTest, InvalidateToolchainArchAndAge) {
     now_ms_ = 1000 + i;
     ASSERT_THAT(store->Publish(MakeRecord(i, t13, i % 2 ? "sm_80" : "sm_90a"), MakeCubin(100, i)),
                 IsOk());
-    ASSERT_THAT(store->Publish(MakeRecord(i, t12, "sm_90a"), i == 0 ? shared : MakeCubin(50, 100 + i)),
-                IsOk());
+    ASSERT_THAT(
+        store->Publish(MakeRecord(i, t12, "sm_90a"), i == 0 ? shared : MakeCubin(50, 100 + i)),
+        IsOk());
   }
   // One t13 entry shares its blob with a t12 entry.
   ASSERT_THAT(store->Publish(MakeRecord(99, t13), shared), IsOk());
@@ -379,7 +382,7 @@ TEST_F(StoreTest, InvalidateToolchainArchAndAge) {
   auto r = store->InvalidateToolchain(ToolchainIdHex(t12));
   ASSERT_THAT(r, IsOk());
   EXPECT_EQ(r->removed_entries(), 20u);
-  EXPECT_EQ(r->freed_bytes(), 19u * 50);  // the shared blob stays
+  EXPECT_EQ(r->freed_bytes(), 19u * 50);                         // the shared blob stays
   EXPECT_EQ(*store->Lookup(MakeRecord(3, t12).key()), nullptr);  // hot layer invalidated
   auto got = store->Lookup(MakeRecord(99, t13).key());
   ASSERT_THAT(got, IsOk());

@@ -24,8 +24,7 @@ namespace kcache::testing {
 class TempDir {
  public:
   TempDir() {
-    std::string tmpl =
-        (std::filesystem::temp_directory_path() / "kcache-test-XXXXXX").string();
+    std::string tmpl = (std::filesystem::temp_directory_path() / "kcache-test-XXXXXX").string();
     if (mkdtemp(tmpl.data()) == nullptr) std::abort();
     path_ = tmpl;
   }
