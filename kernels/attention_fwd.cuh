@@ -60,7 +60,7 @@ constexpr int kVOff = kKOff + kStages * kKBytes;
 constexpr int kListOff = kVOff + kStages * kVBytes;
 constexpr int kRowOff = kListOff + 2 * kAttnMaxListTiles;
 constexpr int kMiscOff = kRowOff + 16 * kBM;
-static_assert(kMiscOff + 16 == AttentionSmemBytes(kBM, kBN, kStages, kDQK, kDV, 2),
+static_assert(kMiscOff + 16 + 1024 == AttentionSmemBytes(kBM, kBN, kStages, kDQK, kDV, 2),
               "shared-memory layout out of step with attention_tiles.h");
 static_assert(kAttnMaxListTiles <= (1 << 14), "tile index must fit 14 bits");
 
@@ -71,8 +71,16 @@ constexpr float kLn2 = 0.6931471805599453f;
 // log2(e) fold into the exp2 argument: x = qk * kMul, one FFMA per element.
 constexpr bool kFold = (KC_SCORE_MOD == KC_SCORE_NONE) && (kScale > 0.f);
 constexpr float kMul = kFold ? kScale * kLog2e : 1.f;
+// sm_90a: warpgroup MMA (wgmma) when the tiles are warpgroup-shaped (16 rows
+// per warp, whole warpgroups of 64 rows); Q, K, V then live in the 128-byte
+// swizzled layout wgmma reads, and everything else is shared with mma.sync.
+#if KC_ARCH_SM90A
+constexpr bool kWgmma = kWM == 16 && kNW % 4 == 0 && kDQK <= 128 && kDV <= 128 && kDV >= 64;
+#else
+constexpr bool kWgmma = false;
+#endif
 // Q fragments stay in registers when they are small enough.
-constexpr bool kQInRegs = kMT * kKQ * 4 <= 32 && kMT * (kDV + kBN) / 2 + kMT * kKQ * 4 <= 160;
+constexpr bool kQInRegs = !kWgmma && kMT * kKQ * 4 <= 32 && kMT * (kDV + kBN) / 2 + kMT * kKQ * 4 <= 160;
 
 constexpr bool kListMask =
     KC_MASK == KC_MASK_DOCUMENT || KC_MASK == KC_MASK_DRAFTER || KC_MASK == KC_MASK_EXPR;
@@ -147,9 +155,95 @@ __device__ __forceinline__ void mma16816(float (&c)[4], const unsigned (&a)[4], 
 #endif
 }
 
+#if KC_ARCH_SM90A
+// wgmma (sm_90a) wrappers, one overload per N. A and B from shared memory (S = Q K^T,
+// both K-major) or A from registers and B N-major (O += P V). Generated text.
+#if KC_DTYPE_BF16
+#define KC_WG_T "bf16"
+#else
+#define KC_WG_T "f16"
+#endif
+__device__ __forceinline__ void wgmma_ss(float (&d)[4][4], unsigned long long da,
+                                         unsigned long long db, int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32." KC_WG_T "." KC_WG_T " "
+      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, %16, %17, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3])
+      : "l"(da), "l"(db), "r"(accumulate));
+}
+
+__device__ __forceinline__ void wgmma_ss(float (&d)[8][4], unsigned long long da,
+                                         unsigned long long db, int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32." KC_WG_T "." KC_WG_T " "
+      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+      : "l"(da), "l"(db), "r"(accumulate));
+}
+
+__device__ __forceinline__ void wgmma_ss(float (&d)[16][4], unsigned long long da,
+                                         unsigned long long db, int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32." KC_WG_T "." KC_WG_T " "
+      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]), "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
+      : "l"(da), "l"(db), "r"(accumulate));
+}
+
+__device__ __forceinline__ void wgmma_rs(float (&d)[8][4], const unsigned (&a)[4],
+                                         unsigned long long db) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32." KC_WG_T "." KC_WG_T " "
+      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, {%32,%33,%34,%35}, %36, p, 1, 1, 1;\n}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+}
+
+__device__ __forceinline__ void wgmma_rs(float (&d)[16][4], const unsigned (&a)[4],
+                                         unsigned long long db) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32." KC_WG_T "." KC_WG_T " "
+      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, {%64,%65,%66,%67}, %68, p, 1, 1, 1;\n}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]), "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+}
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() {
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void wgmma_wait0() {
+  asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+}
+// Keeps the compiler from moving accumulator reads above wgmma_wait0.
+template <int N>
+__device__ __forceinline__ void fence_regs(float (&d)[N][4]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) asm volatile("" : "+f"(d[i][e])::"memory");
+  }
+}
+__device__ __forceinline__ void fence_proxy_async() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+// Shared-memory matrix descriptor, 128-byte swizzle.
+__device__ __forceinline__ unsigned long long smem_desc(unsigned addr, unsigned lbo, unsigned sbo) {
+  return static_cast<unsigned long long>((addr & 0x3FFFFu) >> 4) |
+         (static_cast<unsigned long long>(lbo >> 4) << 16) |
+         (static_cast<unsigned long long>(sbo >> 4) << 32) | (1ull << 62);
+}
+#endif  // KC_ARCH_SM90A
+
 // Copies rows [row0, row0 + ROWS) of a [len, D] matrix (row stride `stride`
 // elements) into a swizzled shared tile: 16-byte chunk c of row r lives at
-// r * 2D + ((c ^ (r & 7)) * 16). Rows at or past `len` are zero-filled.
+// r * 2D + ((c ^ (r & 7)) * 16) for ldmatrix, or in wgmma's canonical
+// 128-byte-swizzled K-major layout. Rows at or past `len` are zero-filled.
 template <int ROWS, int D>
 __device__ __forceinline__ void load_tile(unsigned sdst, const elem_t* g, long long stride,
                                           int row0, int len, int tid) {
@@ -163,7 +257,12 @@ __device__ __forceinline__ void load_tile(unsigned sdst, const elem_t* g, long l
     const int c = idx % kChunks;
     const bool ok = row0 + r < len;
     const elem_t* src = ok ? g + (long long)(row0 + r) * stride + c * 8 : g;
-    cp_async16(sdst + r * (D * 2) + ((c ^ (r & 7)) << 4), src, ok);
+    if constexpr (kWgmma) {
+      // [D / 64][ROWS][64]: 128-byte rows, chunk (c % 8) ^ (r % 8) (Swizzle<3,4,3>).
+      cp_async16(sdst + (c >> 3) * (ROWS * 128) + r * 128 + (((c & 7) ^ (r & 7)) << 4), src, ok);
+    } else {
+      cp_async16(sdst + r * (D * 2) + ((c ^ (r & 7)) << 4), src, ok);
+    }
   }
 }
 
@@ -187,7 +286,7 @@ extern "C" __global__ void __launch_bounds__(KC_NUM_WARPS * 32)
     kcache_attn_fwd(const __grid_constant__ kcache::AttentionParams p) {
   using namespace kcache;
   using namespace kcache::attn_fwd;
-  extern __shared__ __align__(128) unsigned char smem[];
+  extern __shared__ __align__(1024) unsigned char smem[];
 
   const int tid = threadIdx.x;
   const int warp = tid >> 5;
@@ -210,13 +309,17 @@ extern "C" __global__ void __launch_bounds__(KC_NUM_WARPS * 32)
   const elem_t* kg = static_cast<const elem_t*>(p.k) + b * p.k_stride_b + hkv * p.k_stride_h;
   const elem_t* vg = static_cast<const elem_t*>(p.v) + b * p.v_stride_b + hkv * p.v_stride_h;
 
-  const unsigned sQ = smem_u32(smem);
+  // wgmma's swizzle atoms need 1024-byte alignment (AttentionSmemBytes
+  // reserves the slack).
+  const unsigned smem_raw = smem_u32(smem);
+  const unsigned sQ = (smem_raw + 1023u) & ~1023u;
+  unsigned char* const sbase = smem + (sQ - smem_raw);
   const unsigned sK = sQ + kKOff;
   const unsigned sV = sQ + kVOff;
-  unsigned short* tile_list = reinterpret_cast<unsigned short*>(smem + kListOff);
+  unsigned short* tile_list = reinterpret_cast<unsigned short*>(sbase + kListOff);
 #if KC_MASK == KC_MASK_DOCUMENT || KC_MASK == KC_MASK_DRAFTER || KC_MASK == KC_MASK_EXPR
-  int4* rowdata = reinterpret_cast<int4*>(smem + kRowOff);
-  int* misc = reinterpret_cast<int*>(smem + kMiscOff);
+  int4* rowdata = reinterpret_cast<int4*>(sbase + kRowOff);
+  int* misc = reinterpret_cast<int*>(sbase + kMiscOff);
 #endif
 
   // Q first: its copy overlaps the tile planning below.
@@ -446,6 +549,9 @@ extern "C" __global__ void __launch_bounds__(KC_NUM_WARPS * 32)
       pstage = stage ^ 1;
     }
     cp_async_wait<kStages - 2>();
+#if KC_ARCH_SM90A
+    if constexpr (kWgmma) fence_proxy_async();  // cp.async writes -> wgmma reads
+#endif
     __syncthreads();
     {
       const int ip = i + kStages - 1;
@@ -542,43 +648,69 @@ extern "C" __global__ void __launch_bounds__(KC_NUM_WARPS * 32)
       any = __any_sync(0xffffffffu, any);
       all = __all_sync(0xffffffffu, all);
       wcls = any ? (all ? 2 : 1) : 0;
+      // wgmma is collective over the warpgroup: a warp that sees nothing
+      // still takes part, with every element masked (vbits all zero).
+      if (kWgmma && wcls == 0) wcls = 1;
     }
 
     if (wcls != 0) {
       // ---- S = Q K^T -------------------------------------------------------
       float s[kMT][kNT][4];
+#if KC_ARCH_SM90A
+      if constexpr (kWgmma) {
+        // Q rows of this warpgroup: [D/64][kBM][64] -> rows 64 * (warp / 4).
+        const unsigned q_wg = sQ + (warp >> 2) * (64 * 128);
+        const unsigned k_st = sK + stage * kKBytes;
+        const unsigned long long dq0 = smem_desc(q_wg, 16, 1024);
+        const unsigned long long dk0 = smem_desc(k_st, 16, 1024);
+        wgmma_fence();
 #pragma unroll
-      for (int mt = 0; mt < kMT; ++mt) {
-#pragma unroll
-        for (int nt = 0; nt < kNT; ++nt) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) s[mt][nt][e] = 0.f;
+        for (int kk = 0; kk < kKQ; ++kk) {
+          // k16 step kk: 64-column block kk / 4, 32-byte offset (kk % 4) in it.
+          const unsigned long long dq = dq0 + ((((kk >> 2) * kBM * 128) + (kk & 3) * 32) >> 4);
+          const unsigned long long dk = dk0 + ((((kk >> 2) * kBN * 128) + (kk & 3) * 32) >> 4);
+          wgmma_ss(s[0], dq, dk, kk > 0 ? 1 : 0);
         }
-      }
-      const unsigned k_base = k_lane_base + stage * kKBytes;
-#pragma unroll
-      for (int kk = 0; kk < kKQ; ++kk) {
-        unsigned qa[kMT][4];
+        wgmma_commit();
+        wgmma_wait0();
+        fence_regs(s[0]);
+      } else
+#endif
+      {
 #pragma unroll
         for (int mt = 0; mt < kMT; ++mt) {
-          if constexpr (kQInRegs) {
 #pragma unroll
-            for (int e = 0; e < 4; ++e) qa[mt][e] = qreg[mt][kk][e];
-          } else {
-            ldsm_x4(q_row_addr0 + mt * (16 * kDQK * 2) + ((kk * 32) ^ qkey), qa[mt][0], qa[mt][1],
-                    qa[mt][2], qa[mt][3]);
+          for (int nt = 0; nt < kNT; ++nt) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) s[mt][nt][e] = 0.f;
           }
         }
+        const unsigned k_base = k_lane_base + stage * kKBytes;
 #pragma unroll
-        for (int np = 0; np < kNT / 2; ++np) {
-          unsigned b0, b1, b2, b3;
-          ldsm_x4(k_base + np * 16 * (kDQK * 2) + ((kk * 32) ^ kkey), b0, b1, b2, b3);
+        for (int kk = 0; kk < kKQ; ++kk) {
+          unsigned qa[kMT][4];
 #pragma unroll
           for (int mt = 0; mt < kMT; ++mt) {
-            mma16816(s[mt][2 * np], qa[mt], b0, b1);
-            mma16816(s[mt][2 * np + 1], qa[mt], b2, b3);
+            if constexpr (kQInRegs) {
+#pragma unroll
+              for (int e = 0; e < 4; ++e) qa[mt][e] = qreg[mt][kk][e];
+            } else {
+              ldsm_x4(q_row_addr0 + mt * (16 * kDQK * 2) + ((kk * 32) ^ qkey), qa[mt][0], qa[mt][1],
+                      qa[mt][2], qa[mt][3]);
+            }
+          }
+#pragma unroll
+          for (int np = 0; np < kNT / 2; ++np) {
+            unsigned b0, b1, b2, b3;
+            ldsm_x4(k_base + np * 16 * (kDQK * 2) + ((kk * 32) ^ kkey), b0, b1, b2, b3);
+#pragma unroll
+            for (int mt = 0; mt < kMT; ++mt) {
+              mma16816(s[mt][2 * np], qa[mt], b0, b1);
+              mma16816(s[mt][2 * np + 1], qa[mt], b2, b3);
+            }
           }
         }
+
       }
 
       // ---- score modification and mask -----------------------------------
@@ -658,25 +790,51 @@ extern "C" __global__ void __launch_bounds__(KC_NUM_WARPS * 32)
       }
 
       // ---- O += P V ----------------------------------------------------------
-      const unsigned v_base = v_lane_base + stage * kVBytes;
+#if KC_ARCH_SM90A
+      if constexpr (kWgmma) {
+        // V: [D/64][kBN][64] read N-major (transposed): LBO steps 64 columns
+        // of d, SBO steps 8 keys.
+        const unsigned v_st = sV + stage * kVBytes;
+        const unsigned long long dv0 = smem_desc(v_st, kBN * 128, 1024);
+        // P packed first: registers written between wgmmas would make ptxas
+        // insert a warpgroup.arrive before each one.
+        unsigned pa[kKV][4];
 #pragma unroll
-      for (int kk = 0; kk < kKV; ++kk) {
-        unsigned pa[kMT][4];
-#pragma unroll
-        for (int mt = 0; mt < kMT; ++mt) {
-          pa[mt][0] = pack2(s[mt][2 * kk][0], s[mt][2 * kk][1]);
-          pa[mt][1] = pack2(s[mt][2 * kk][2], s[mt][2 * kk][3]);
-          pa[mt][2] = pack2(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
-          pa[mt][3] = pack2(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+        for (int kk = 0; kk < kKV; ++kk) {
+          pa[kk][0] = pack2(s[0][2 * kk][0], s[0][2 * kk][1]);
+          pa[kk][1] = pack2(s[0][2 * kk][2], s[0][2 * kk][3]);
+          pa[kk][2] = pack2(s[0][2 * kk + 1][0], s[0][2 * kk + 1][1]);
+          pa[kk][3] = pack2(s[0][2 * kk + 1][2], s[0][2 * kk + 1][3]);
         }
+        wgmma_fence();
 #pragma unroll
-        for (int dp = 0; dp < kDT / 2; ++dp) {
-          unsigned b0, b1, b2, b3;
-          ldsm_x4_t(v_base + kk * 16 * (kDV * 2) + ((dp * 32) ^ qkey), b0, b1, b2, b3);
+        for (int kk = 0; kk < kKV; ++kk) wgmma_rs(o[0], pa[kk], dv0 + ((kk * 16 * 128) >> 4));
+        wgmma_commit();
+        wgmma_wait0();
+        fence_regs(o[0]);
+      } else
+#endif
+      {
+        const unsigned v_base = v_lane_base + stage * kVBytes;
+#pragma unroll
+        for (int kk = 0; kk < kKV; ++kk) {
+          unsigned pa[kMT][4];
 #pragma unroll
           for (int mt = 0; mt < kMT; ++mt) {
-            mma16816(o[mt][2 * dp], pa[mt], b0, b1);
-            mma16816(o[mt][2 * dp + 1], pa[mt], b2, b3);
+            pa[mt][0] = pack2(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+            pa[mt][1] = pack2(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+            pa[mt][2] = pack2(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+            pa[mt][3] = pack2(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+          }
+#pragma unroll
+          for (int dp = 0; dp < kDT / 2; ++dp) {
+            unsigned b0, b1, b2, b3;
+            ldsm_x4_t(v_base + kk * 16 * (kDV * 2) + ((dp * 32) ^ qkey), b0, b1, b2, b3);
+#pragma unroll
+            for (int mt = 0; mt < kMT; ++mt) {
+              mma16816(o[mt][2 * dp], pa[mt], b0, b1);
+              mma16816(o[mt][2 * dp + 1], pa[mt], b2, b3);
+            }
           }
         }
       }

@@ -66,10 +66,12 @@ class KcacheRunner:
 
 
 def tile_variants(d):
+    """(tiles, sm90a) pairs to time; the first of each kind is the default."""
     if d == 64:
-        return [(128, 64, 4, 2), (128, 128, 4, 2), (64, 64, 4, 2), (128, 64, 8, 2),
-                (128, 128, 8, 2)]
-    return [(128, 32, 4, 2), (128, 64, 4, 2), (64, 64, 4, 2), (128, 128, 8, 2)]
+        return [((128, 64, 4, 2), False), ((128, 128, 8, 2), False), ((64, 64, 4, 2), False),
+                ((128, 128, 8, 2), True), ((128, 64, 8, 2), True)]
+    return [((128, 32, 4, 2), False), ((128, 64, 4, 2), False), ((128, 128, 8, 2), False),
+            ((128, 128, 8, 2), True), ((128, 64, 8, 2), True)]
 
 
 def run_case(name, B, Hq, Hkv, Lq, Lkv, D, mask, args, rows, drafter=None):
@@ -159,9 +161,10 @@ def run_case(name, B, Hq, Hkv, Lq, Lkv, D, mask, args, rows, drafter=None):
         del vis
 
     kc = {}
-    for tiles in tile_variants(D):
-        spec = K.make_spec("bf16", D, D, mask=mask, tiles=tiles,
+    for tiles, sm90a in tile_variants(D):
+        spec = K.make_spec("bf16", D, D, mask=mask, tiles=tiles, sm90a=sm90a,
                            drafter_block=drafter[2] if drafter else 16)
+        tag = "%d_%d_%d_%d" % tiles + ("_sm90a" if sm90a else "")
         try:
             r = KcacheRunner(spec)
             dr = (drafter[3], drafter[0], drafter[1]) if drafter else None
@@ -171,10 +174,9 @@ def run_case(name, B, Hq, Hkv, Lq, Lkv, D, mask, args, rows, drafter=None):
             torch.cuda.synchronize()
             err = rel_err(o, ref) if ref is not None else float("nan")
             t = time_ms(fn)
-            kc["%d_%d_%d_%d" % tiles] = dict(ms=t, tflops=flops / t / 1e9, err=err,
-                                             ptxas=r.ptxas)
+            kc[tag] = dict(ms=t, tflops=flops / t / 1e9, err=err, ptxas=r.ptxas)
         except Exception as e:
-            kc["%d_%d_%d_%d" % tiles] = dict(error=str(e)[:300])
+            kc[tag] = dict(error=str(e)[:300])
     res["kcache"] = kc
     rows.append(res)
     print(json.dumps(res), flush=True)
@@ -191,9 +193,10 @@ def main():
     args = ap.parse_args()
     if args.precompile:
         for mask, d in (("causal", 128), ("none", 128), ("causal", 64), ("drafter", 128)):
-            for tiles in tile_variants(d):
-                _, log = K.compile_spec(K.make_spec("bf16", d, d, mask=mask, tiles=tiles))
-                print(mask, d, tiles, K.ptxas_summary(log))
+            for tiles, sm90a in tile_variants(d):
+                _, log = K.compile_spec(K.make_spec("bf16", d, d, mask=mask, tiles=tiles,
+                                                    sm90a=sm90a))
+                print(mask, d, tiles, sm90a, K.ptxas_summary(log))
         return
     global torch
     import torch as _torch

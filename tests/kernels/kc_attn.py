@@ -32,7 +32,8 @@ MAX_LIST_TILES = 2048
 
 
 def smem_bytes(bm, bn, stages, dqk, dv, elem=2):
-    return bm * dqk * elem + stages * bn * (dqk + dv) * elem + 2 * MAX_LIST_TILES + 16 * bm + 16
+    return (bm * dqk * elem + stages * bn * (dqk + dv) * elem + 2 * MAX_LIST_TILES + 16 * bm + 16
+            + 1024)
 
 
 def select_tiles(arch, dqk, dv):

@@ -77,6 +77,27 @@ def variants():
             m = dict(masks)[mname]
             out.append(("fp16_d64_%s_t%d_%d_%d_%d" % ((mname,) + tiles),
                         K.make_spec("fp16", 64, 64, tiles=tiles, **m)))
+    # sm_90a: the wgmma path (warpgroup-shaped tiles).
+    for dtype in ("bf16", "fp16"):
+        for dqk, dv in ((128, 128), (64, 64), (128, 64)):
+            for tiles in ((128, 128, 8, 2), (128, 64, 8, 2)):
+                for mname, m in masks:
+                    if tiles == (128, 64, 8, 2) and mname not in ("none", "causal", "drafter16",
+                                                                 "doc", "win100_20_br"):
+                        continue
+                    out.append(("%s_d%d_%d_%s_sm90a_t%d_%d" % (dtype, dqk, dv, mname, tiles[0],
+                                                              tiles[1]),
+                                K.make_spec(dtype, dqk, dv, tiles=tiles, sm90a=True, **m)))
+    out.append(("bf16_d128_causal_softcap_sm90a",
+                K.make_spec("bf16", 128, mask="causal", score="softcap", softcap=20.0,
+                            tiles=(128, 128, 8, 2), sm90a=True)))
+    out.append(("fp16_d128_drafter_alibi_sm90a",
+                K.make_spec("fp16", 128, mask="drafter", score="alibi", tiles=(128, 128, 8, 2),
+                            sm90a=True)))
+    out.append(("bf16_d64_exprmask_exprscore_sm90a",
+                K.make_spec("bf16", 64, mask="expr", score="expr", tiles=(128, 128, 8, 2),
+                            sm90a=True, expr_mask_code=K.EXPR_MASK_PREFIX_LM,
+                            expr_score_code=K.EXPR_SCORE_BIAS)))
     return out
 
 
@@ -297,15 +318,19 @@ def main():
     ap.add_argument("--log", default=None)
     ap.add_argument("--compile-only", action="store_true")
     ap.add_argument("--arch", type=int, default=90)
+    ap.add_argument("--select", default=None, help="regex on variant names")
     args = ap.parse_args()
 
     K.check_params_layout()
     K.check_tiles_against_header()
     vs = variants()
+    if args.select:
+        import re
+        vs = [(n, sp) for n, sp in vs if re.search(args.select, n)]
     t0 = time.time()
     compiled = {}
     for name, spec in vs:
-        spec = dict(spec, arch=args.arch)
+        spec = dict(spec, arch=args.arch) if not spec["sm90a"] else spec
         cubin, log = K.compile_spec(spec)
         compiled[name] = (spec, cubin, log)
     print("compiled %d variants in %.1fs" % (len(vs), time.time() - t0), flush=True)
@@ -320,7 +345,7 @@ def main():
     torch.manual_seed(args.seed)
     kernels = {}
     names = [n for n, _ in vs]
-    order = names * 3
+    order = names * 2
     while len(order) < args.cases:
         order.append(rng.choice(names))
     rng.shuffle(order)
