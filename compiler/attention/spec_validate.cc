@@ -29,7 +29,10 @@ absl::Status Invalid(absl::string_view path, absl::string_view reason) {
 // Rejects unknown fields anywhere in the message tree. A field this daemon
 // does not know (a newer client's option) would otherwise be dropped
 // silently and the wrong kernel served under a key that ignores it.
-absl::Status CheckNoUnknownFields(const Message& m, const std::string& path) {
+absl::Status CheckNoUnknownFields(const Message& m, const std::string& path, int nesting = 0) {
+  // Protobuf's parsers stop at 100 levels; a spec built in memory could be
+  // deeper, and this walk runs before the expression depth limit.
+  if (nesting > 128) return Invalid(path, "messages nested too deeply");
   const Reflection* r = m.GetReflection();
   const google::protobuf::UnknownFieldSet& unknown = r->GetUnknownFields(m);
   if (!unknown.empty()) {
@@ -42,13 +45,14 @@ absl::Status CheckNoUnknownFields(const Message& m, const std::string& path) {
     if (f->cpp_type() != FieldDescriptor::CPPTYPE_MESSAGE) continue;
     if (f->is_repeated()) {
       for (int i = 0; i < r->FieldSize(m, f); ++i) {
-        absl::Status s = CheckNoUnknownFields(r->GetRepeatedMessage(m, f, i),
-                                              absl::StrCat(path, ".", f->name(), "[", i, "]"));
+        absl::Status s =
+            CheckNoUnknownFields(r->GetRepeatedMessage(m, f, i),
+                                 absl::StrCat(path, ".", f->name(), "[", i, "]"), nesting + 1);
         if (!s.ok()) return s;
       }
     } else {
-      absl::Status s =
-          CheckNoUnknownFields(r->GetMessage(m, f), absl::StrCat(path, ".", f->name()));
+      absl::Status s = CheckNoUnknownFields(r->GetMessage(m, f), absl::StrCat(path, ".", f->name()),
+                                            nesting + 1);
       if (!s.ok()) return s;
     }
   }

@@ -290,6 +290,19 @@ TEST(ValidateTest, NodeLimitNamesTheTree) {
   EXPECT_THAT(std::string(s.message()), HasSubstr("more than the limit of 8 nodes"));
 }
 
+TEST(ValidateTest, VeryDeepTreeBuiltInMemoryIsRejectedNotOverflowed) {
+  v1::AttentionSpec spec = BaseSpec();
+  v1::Expr* e = spec.mutable_mask()->mutable_expr()->mutable_predicate();
+  for (int i = 0; i < 100000; ++i) {  // built in place: Deep() would copy O(n^2)
+    e->mutable_unary()->set_op(U::OP_NOT);
+    e = e->mutable_unary()->mutable_arg();
+  }
+  e->set_bool_const(true);
+  const absl::Status s = ValidateAttentionSpec(spec);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("nested too deeply"));
+}
+
 TEST(ValidateTest, DepthLimitIsInclusive) {
   v1::AttentionSpec spec = BaseSpec();
   SetMaskExpr(&spec, Deep(32));
