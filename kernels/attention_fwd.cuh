@@ -60,7 +60,8 @@ constexpr int kVOff = kKOff + kStages * kKBytes;
 constexpr int kListOff = kVOff + kStages * kVBytes;
 constexpr int kRowOff = kListOff + 2 * kAttnMaxListTiles;
 constexpr int kMiscOff = kRowOff + 16 * kBM;
-static_assert(kMiscOff + 16 + 1024 == AttentionSmemBytes(kBM, kBN, kStages, kDQK, kDV, 2),
+constexpr int kBarOff = kMiscOff + 16;  // 8 mbarriers (sm_90a ping-pong)
+static_assert(kBarOff + 64 + 1024 == AttentionSmemBytes(kBM, kBN, kStages, kDQK, kDV, 2),
               "shared-memory layout out of step with attention_tiles.h");
 static_assert(kAttnMaxListTiles <= (1 << 14), "tile index must fit 14 bits");
 
@@ -79,6 +80,17 @@ constexpr bool kWgmma = kWM == 16 && kNW % 4 == 0 && kDQK <= 128 && kDV <= 128 &
 #else
 constexpr bool kWgmma = false;
 #endif
+// sm_90a with two warpgroups and 2 stages: the warpgroups take turns on the
+// tensor cores (FlashAttention-3's ping-pong), one's softmax under the
+// other's wgmma; loads complete on mbarriers instead of CTA barriers.
+#ifndef KC_SM90A_PINGPONG
+#define KC_SM90A_PINGPONG 1
+#endif
+constexpr bool kPingpong = kWgmma && KC_SM90A_PINGPONG && kNW == 8 && kStages == 2;
+// sm_90a with 3+ stages: softmax overlaps the previous tile's P V wgmma.
+constexpr bool kOverlap = kWgmma && !kPingpong && kStages >= 3;
+// Tiles in flight ahead of the one computed.
+constexpr int kPrefetch = kOverlap ? kStages - 2 : kStages - 1;
 // Q fragments stay in registers when they are small enough.
 constexpr bool kQInRegs = !kWgmma && kMT * kKQ * 4 <= 32 && kMT * (kDV + kBN) / 2 + kMT * kKQ * 4 <= 160;
 
@@ -217,8 +229,9 @@ __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.a
 __device__ __forceinline__ void wgmma_commit() {
   asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
 }
-__device__ __forceinline__ void wgmma_wait0() {
-  asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
 }
 // Keeps the compiler from moving accumulator reads above wgmma_wait0.
 template <int N>
@@ -231,6 +244,30 @@ __device__ __forceinline__ void fence_regs(float (&d)[N][4]) {
 }
 __device__ __forceinline__ void fence_proxy_async() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+__device__ __forceinline__ void mbar_init(unsigned addr, unsigned count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(addr), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(unsigned addr) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(addr) : "memory");
+}
+// Arrives once all of this thread's earlier cp.async copies have landed.
+__device__ __forceinline__ void mbar_arrive_cp_async(unsigned addr) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(addr) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(unsigned addr, unsigned parity) {
+  asm volatile(
+      "{\n.reg .pred done;\nwait_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra wait_%=;\n}\n" ::"r"(addr),
+      "r"(parity)
+      : "memory");
+}
+__device__ __forceinline__ void named_bar_sync(int id, int count) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+__device__ __forceinline__ void named_bar_arrive(int id, int count) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
 }
 // Shared-memory matrix descriptor, 128-byte swizzle.
 __device__ __forceinline__ unsigned long long smem_desc(unsigned addr, unsigned lbo, unsigned sbo) {
@@ -480,10 +517,32 @@ extern "C" __global__ void __launch_bounds__(KC_NUM_WARPS * 32)
 #endif
 
   // ------------------------------------------------------------------------
-  // Prologue of the K/V pipeline: tiles 0 .. kStages-2, one group each.
+  // Prologue of the K/V pipeline: tiles 0 .. kPrefetch - 1, one group each.
   // ------------------------------------------------------------------------
+#if KC_ARCH_SM90A
+  // Ping-pong: full[s] completes when every thread's copies into stage s have
+  // landed (kThreads arrivals); empty[s] when every warp is done with it.
+  const unsigned bar_full = sQ + kBarOff;
+  const unsigned bar_empty = bar_full + 8 * kStages;
+  if constexpr (kPingpong) {
+    if (tid == 0) {
+      for (int st = 0; st < kStages; ++st) {
+        mbar_init(bar_full + 8 * st, kThreads);
+        mbar_init(bar_empty + 8 * st, kNW);
+      }
+    }
+    __syncthreads();
+    if (n_iter > 0) {
+      load_tile<kBN, kDQK>(sK, kg, p.k_stride_s,
+                           (use_list ? (tile_list[0] & 0x3fff) : first) * kBN, kv_len, tid);
+      load_tile<kBN, kDV>(sV, vg, p.v_stride_s,
+                          (use_list ? (tile_list[0] & 0x3fff) : first) * kBN, kv_len, tid);
+      mbar_arrive_cp_async(bar_full);
+    }
+  } else
+#endif
 #pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) {
+  for (int s = 0; s < kPrefetch; ++s) {
     if (s < n_iter) {
       const int t = use_list ? (tile_list[s] & 0x3fff) : first + s;
       load_tile<kBN, kDQK>(sK + s * kKBytes, kg, p.k_stride_s, t * kBN, kv_len, tid);
@@ -507,7 +566,7 @@ extern "C" __global__ void __launch_bounds__(KC_NUM_WARPS * 32)
 
   unsigned qreg[kQInRegs ? kMT : 1][kQInRegs ? kKQ : 1][4];
   if constexpr (kQInRegs) {
-    cp_async_wait<kStages - 1>();  // the Q group
+    cp_async_wait<kPrefetch>();  // the Q group
     __syncthreads();
 #pragma unroll
     for (int mt = 0; mt < kMT; ++mt) {
@@ -540,30 +599,12 @@ extern "C" __global__ void __launch_bounds__(KC_NUM_WARPS * 32)
   const float alibi_slope = p.alibi_slopes[h];
 #endif
 
-  // Stage of iteration i and of the tile prefetched in it (i + kStages - 1).
-  int stage = 0;
-  int pstage = kStages - 1;
-  for (int i = 0; i < n_iter; ++i) {
-    if constexpr (kStages == 2) {
-      stage = i & 1;
-      pstage = stage ^ 1;
-    }
-    cp_async_wait<kStages - 2>();
-#if KC_ARCH_SM90A
-    if constexpr (kWgmma) fence_proxy_async();  // cp.async writes -> wgmma reads
-#endif
-    __syncthreads();
-    {
-      const int ip = i + kStages - 1;
-      if (ip < n_iter) {
-        const int t = use_list ? (tile_list[ip] & 0x3fff) : first + ip;
-        load_tile<kBN, kDQK>(sK + pstage * kKBytes, kg, p.k_stride_s, t * kBN, kv_len, tid);
-        load_tile<kBN, kDV>(sV + pstage * kVBytes, vg, p.v_stride_s, t * kBN, kv_len, tid);
-      }
-      cp_async_commit();
-    }
+  // ---- the pieces of one iteration (lambdas, inlined) ----------------------
+  constexpr int kElems = kMT * kNT * 4;
+  constexpr int kVW = (kElems + 31) / 32;
 
-    int tile, cls;
+  // Tile index and CTA-level class (0 empty, 1 partial, 2 full) of iteration i.
+  auto tile_of = [&](int i, int& tile, int& cls) {
     if (use_list) {
       const int e = tile_list[i];
       tile = e & 0x3fff;
@@ -573,277 +614,428 @@ extern "C" __global__ void __launch_bounds__(KC_NUM_WARPS * 32)
 #if KC_MASK == KC_MASK_NONE
       cls = tile * kBN + kBN <= kv_len ? 2 : 1;
 #elif KC_MASK == KC_MASK_CAUSAL || KC_MASK == KC_MASK_SLIDING_WINDOW
-      {
-        const int n0 = tile * kBN;
-        const bool full = n0 + kBN <= kv_len &&
-                          (kWinLeft < 0 || n0 >= mlast + off - kWinLeft) &&
-                          (kWinRight < 0 || n0 + kBN - 1 <= m0 + off + kWinRight);
-        cls = full ? 2 : 1;
-      }
+      const int n0 = tile * kBN;
+      const bool full = n0 + kBN <= kv_len && (kWinLeft < 0 || n0 >= mlast + off - kWinLeft) &&
+                        (kWinRight < 0 || n0 + kBN - 1 <= m0 + off + kWinRight);
+      cls = full ? 2 : 1;
 #else
       cls = 1;
 #endif
     }
-    const int n0 = tile * kBN;
+  };
 
-    // ---- visibility of a partial tile, per element, before any MMA ------
-    // Bits of this thread's elements; a warp none of whose rows sees the
-    // tile skips it, a warp all of whose rows see all of it skips the mask.
-    constexpr int kElems = kMT * kNT * 4;
-    constexpr int kVW = (kElems + 31) / 32;
-    unsigned vbits[kVW];
-    int wcls = cls;
-    if (cls != 2) {
+  // Visibility of a partial tile, per element, before any MMA: bits of this
+  // thread's elements. Returns the warp's class: 0 when none of its rows
+  // sees the tile (mma.sync skips it; wgmma, collective over the warpgroup,
+  // takes part with every element masked), 2 when all see all of it.
+  auto visibility = [&](int n0, unsigned (&vbits)[kVW]) -> int {
 #pragma unroll
-      for (int w = 0; w < kVW; ++w) vbits[w] = 0u;
-      // Row data of this thread's rows (list masks that need it).
+    for (int w = 0; w < kVW; ++w) vbits[w] = 0u;
+    // Row data of this thread's rows (list masks that need it).
 #if KC_MASK == KC_MASK_DOCUMENT || KC_MASK == KC_MASK_DRAFTER
-      int4 rd[kMT][2];
+    int4 rd[kMT][2];
 #pragma unroll
-      for (int mt = 0; mt < kMT; ++mt) {
+    for (int mt = 0; mt < kMT; ++mt) {
 #pragma unroll
-        for (int hh = 0; hh < 2; ++hh) rd[mt][hh] = rowdata[warp * kWM + mt * 16 + g + hh * 8];
-      }
-#endif
-#pragma unroll
-      for (int nt = 0; nt < kNT; ++nt) {
-#pragma unroll
-        for (int c = 0; c < 2; ++c) {
-          const int kv = n0 + nt * 8 + 2 * t4 + c;
-#if KC_MASK == KC_MASK_DOCUMENT
-          const int kv_id = kv < kv_len ? kv_ids[kv] : 0;
-#endif
-#pragma unroll
-          for (int mt = 0; mt < kMT; ++mt) {
-#pragma unroll
-            for (int hh = 0; hh < 2; ++hh) {
-              const int q = row_base + mt * 16 + hh * 8;
-              bool vis = kv < kv_len;
-#if KC_MASK == KC_MASK_CAUSAL || KC_MASK == KC_MASK_SLIDING_WINDOW
-              // kv - (q + off) within [-left, right]; written as bounds on kv.
-              if (kWinLeft >= 0) vis = vis && kv >= q + off - kWinLeft;
-              if (kWinRight >= 0) vis = vis && kv <= q + off + kWinRight;
-#elif KC_MASK == KC_MASK_DOCUMENT
-              vis = vis && kv_id == rd[mt][hh].x && (!KC_DOC_CAUSAL || kv <= q);
-#elif KC_MASK == KC_MASK_DRAFTER
-              vis = vis && ((kv >= rd[mt][hh].x && kv < rd[mt][hh].y) ||
-                            (kv >= rd[mt][hh].z && kv < rd[mt][hh].w));
-#elif KC_MASK == KC_MASK_EXPR
-              vis = vis && kc_expr_mask(b, h, q, kv, p);
-#endif
-              (void)q;
-              const int bit = (mt * kNT + nt) * 4 + hh * 2 + c;
-              if (vis) vbits[bit >> 5] |= 1u << (bit & 31);
-            }
-          }
-        }
-      }
-      bool any = false, all = true;
-#pragma unroll
-      for (int w = 0; w < kVW; ++w) {
-        const unsigned full = (w + 1) * 32 <= kElems ? 0xffffffffu : (1u << (kElems - w * 32)) - 1u;
-        any = any || vbits[w] != 0u;
-        all = all && vbits[w] == full;
-      }
-      any = __any_sync(0xffffffffu, any);
-      all = __all_sync(0xffffffffu, all);
-      wcls = any ? (all ? 2 : 1) : 0;
-      // wgmma is collective over the warpgroup: a warp that sees nothing
-      // still takes part, with every element masked (vbits all zero).
-      if (kWgmma && wcls == 0) wcls = 1;
+      for (int hh = 0; hh < 2; ++hh) rd[mt][hh] = rowdata[warp * kWM + mt * 16 + g + hh * 8];
     }
-
-    if (wcls != 0) {
-      // ---- S = Q K^T -------------------------------------------------------
-      float s[kMT][kNT][4];
-#if KC_ARCH_SM90A
-      if constexpr (kWgmma) {
-        // Q rows of this warpgroup: [D/64][kBM][64] -> rows 64 * (warp / 4).
-        const unsigned q_wg = sQ + (warp >> 2) * (64 * 128);
-        const unsigned k_st = sK + stage * kKBytes;
-        const unsigned long long dq0 = smem_desc(q_wg, 16, 1024);
-        const unsigned long long dk0 = smem_desc(k_st, 16, 1024);
-        wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < kKQ; ++kk) {
-          // k16 step kk: 64-column block kk / 4, 32-byte offset (kk % 4) in it.
-          const unsigned long long dq = dq0 + ((((kk >> 2) * kBM * 128) + (kk & 3) * 32) >> 4);
-          const unsigned long long dk = dk0 + ((((kk >> 2) * kBN * 128) + (kk & 3) * 32) >> 4);
-          wgmma_ss(s[0], dq, dk, kk > 0 ? 1 : 0);
-        }
-        wgmma_commit();
-        wgmma_wait0();
-        fence_regs(s[0]);
-      } else
 #endif
-      {
+#pragma unroll
+    for (int nt = 0; nt < kNT; ++nt) {
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const int kv = n0 + nt * 8 + 2 * t4 + c;
+#if KC_MASK == KC_MASK_DOCUMENT
+        const int kv_id = kv < kv_len ? kv_ids[kv] : 0;
+#endif
 #pragma unroll
         for (int mt = 0; mt < kMT; ++mt) {
 #pragma unroll
-          for (int nt = 0; nt < kNT; ++nt) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) s[mt][nt][e] = 0.f;
+          for (int hh = 0; hh < 2; ++hh) {
+            const int q = row_base + mt * 16 + hh * 8;
+            bool vis = kv < kv_len;
+#if KC_MASK == KC_MASK_CAUSAL || KC_MASK == KC_MASK_SLIDING_WINDOW
+            // kv - (q + off) within [-left, right]; written as bounds on kv.
+            if (kWinLeft >= 0) vis = vis && kv >= q + off - kWinLeft;
+            if (kWinRight >= 0) vis = vis && kv <= q + off + kWinRight;
+#elif KC_MASK == KC_MASK_DOCUMENT
+            vis = vis && kv_id == rd[mt][hh].x && (!KC_DOC_CAUSAL || kv <= q);
+#elif KC_MASK == KC_MASK_DRAFTER
+            vis = vis && ((kv >= rd[mt][hh].x && kv < rd[mt][hh].y) ||
+                          (kv >= rd[mt][hh].z && kv < rd[mt][hh].w));
+#elif KC_MASK == KC_MASK_EXPR
+            vis = vis && kc_expr_mask(b, h, q, kv, p);
+#endif
+            (void)q;
+            const int bit = (mt * kNT + nt) * 4 + hh * 2 + c;
+            if (vis) vbits[bit >> 5] |= 1u << (bit & 31);
           }
         }
-        const unsigned k_base = k_lane_base + stage * kKBytes;
-#pragma unroll
-        for (int kk = 0; kk < kKQ; ++kk) {
-          unsigned qa[kMT][4];
-#pragma unroll
-          for (int mt = 0; mt < kMT; ++mt) {
-            if constexpr (kQInRegs) {
-#pragma unroll
-              for (int e = 0; e < 4; ++e) qa[mt][e] = qreg[mt][kk][e];
-            } else {
-              ldsm_x4(q_row_addr0 + mt * (16 * kDQK * 2) + ((kk * 32) ^ qkey), qa[mt][0], qa[mt][1],
-                      qa[mt][2], qa[mt][3]);
-            }
-          }
-#pragma unroll
-          for (int np = 0; np < kNT / 2; ++np) {
-            unsigned b0, b1, b2, b3;
-            ldsm_x4(k_base + np * 16 * (kDQK * 2) + ((kk * 32) ^ kkey), b0, b1, b2, b3);
-#pragma unroll
-            for (int mt = 0; mt < kMT; ++mt) {
-              mma16816(s[mt][2 * np], qa[mt], b0, b1);
-              mma16816(s[mt][2 * np + 1], qa[mt], b2, b3);
-            }
-          }
-        }
-
       }
+    }
+    bool any = false, all = true;
+#pragma unroll
+    for (int w = 0; w < kVW; ++w) {
+      const unsigned full = (w + 1) * 32 <= kElems ? 0xffffffffu : (1u << (kElems - w * 32)) - 1u;
+      any = any || vbits[w] != 0u;
+      all = all && vbits[w] == full;
+    }
+    any = __any_sync(0xffffffffu, any);
+    all = __all_sync(0xffffffffu, all);
+    const int wcls = any ? (all ? 2 : 1) : 0;
+    return (kWgmma && wcls == 0) ? 1 : wcls;
+  };
 
-      // ---- score modification and mask -----------------------------------
+  // Score modification (to the log2 domain unless folded) and the mask.
+  auto score_and_mask = [&](float (&s)[kMT][kNT][4], int n0, int wcls,
+                            const unsigned (&vbits)[kVW]) {
+    (void)n0;
 #if KC_SCORE_MOD != KC_SCORE_NONE
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+      for (int nt = 0; nt < kNT; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int q = row_base + mt * 16 + (e >> 1) * 8;
+          const int kv = n0 + nt * 8 + 2 * t4 + (e & 1);
+          float x = s[mt][nt][e] * kScale;
+#if KC_SCORE_MOD == KC_SCORE_SOFTCAP
+          x = KC_SOFTCAP * tanhf(x * (1.f / KC_SOFTCAP));
+          (void)q;
+          (void)kv;
+#elif KC_SCORE_MOD == KC_SCORE_ALIBI
+          x += alibi_slope * static_cast<float>(kv - q);
+#elif KC_SCORE_MOD == KC_SCORE_EXPR
+          x = kc_expr_score(x, b, h, q, kv, p);
+#endif
+          s[mt][nt][e] = x * kLog2e;
+        }
+      }
+    }
+#endif
+    if (wcls == 1) {
 #pragma unroll
       for (int mt = 0; mt < kMT; ++mt) {
 #pragma unroll
         for (int nt = 0; nt < kNT; ++nt) {
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
-            const int q = row_base + mt * 16 + (e >> 1) * 8;
-            const int kv = n0 + nt * 8 + 2 * t4 + (e & 1);
-            float x = s[mt][nt][e] * kScale;
-#if KC_SCORE_MOD == KC_SCORE_SOFTCAP
-            x = KC_SOFTCAP * tanhf(x * (1.f / KC_SOFTCAP));
-            (void)q;
-            (void)kv;
-#elif KC_SCORE_MOD == KC_SCORE_ALIBI
-            x += alibi_slope * static_cast<float>(kv - q);
-#elif KC_SCORE_MOD == KC_SCORE_EXPR
-            x = kc_expr_score(x, b, h, q, kv, p);
-#endif
-            s[mt][nt][e] = x * kLog2e;
+            const int bit = (mt * kNT + nt) * 4 + e;
+            if (!((vbits[bit >> 5] >> (bit & 31)) & 1u)) s[mt][nt][e] = neg_inf();
           }
         }
       }
-#endif
-      if (wcls == 1) {
-#pragma unroll
-        for (int mt = 0; mt < kMT; ++mt) {
-#pragma unroll
-          for (int nt = 0; nt < kNT; ++nt) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-              const int bit = (mt * kNT + nt) * 4 + e;
-              if (!((vbits[bit >> 5] >> (bit & 31)) & 1u)) s[mt][nt][e] = neg_inf();
-            }
-          }
-        }
-      }
+    }
+  };
 
-      // ---- online softmax (log2 domain) -----------------------------------
+  // Online softmax in the log2 domain: S -> P in place; alpha rescales O.
+  auto softmax = [&](float (&s)[kMT][kNT][4], float (&alpha)[kMT][2]) {
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        float mx = neg_inf();
+#pragma unroll
+        for (int nt = 0; nt < kNT; ++nt) {
+          mx = fmaxf(mx, fmaxf(s[mt][nt][hh * 2], s[mt][nt][hh * 2 + 1]));
+        }
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float m_new = fmaxf(m_run[mt][hh], mx * kMul);
+        // A row with nothing visible yet keeps m = -inf; subtract 0 then,
+        // so that exp2 gives 0 rather than NaN.
+        const float m_use = m_new == neg_inf() ? 0.f : m_new;
+        alpha[mt][hh] = exp2_approx(m_run[mt][hh] - m_use);
+        m_run[mt][hh] = m_new;
+        float sum = 0.f;
+#pragma unroll
+        for (int nt = 0; nt < kNT; ++nt) {
+#pragma unroll
+          for (int c = 0; c < 2; ++c) {
+            const float pv = exp2_approx(fmaf(s[mt][nt][hh * 2 + c], kMul, -m_use));
+            s[mt][nt][hh * 2 + c] = pv;
+            sum += pv;
+          }
+        }
+        l_run[mt][hh] = l_run[mt][hh] * alpha[mt][hh] + sum;
+      }
+    }
+  };
+
+  auto rescale_o = [&](const float (&alpha)[kMT][2]) {
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+      for (int dt = 0; dt < kDT; ++dt) {
+        o[mt][dt][0] *= alpha[mt][0];
+        o[mt][dt][1] *= alpha[mt][0];
+        o[mt][dt][2] *= alpha[mt][1];
+        o[mt][dt][3] *= alpha[mt][1];
+      }
+    }
+  };
+
+  // K and V of iteration ip into stage st.
+  auto prefetch = [&](int ip, int st) {
+    const int t = use_list ? (tile_list[ip] & 0x3fff) : first + ip;
+    load_tile<kBN, kDQK>(sK + st * kKBytes, kg, p.k_stride_s, t * kBN, kv_len, tid);
+    load_tile<kBN, kDV>(sV + st * kVBytes, vg, p.v_stride_s, t * kBN, kv_len, tid);
+  };
+
+  // mma.sync: S = Q K^T and O += P V for the tile in `stage`.
+  auto qk_mma_sync = [&](float (&s)[kMT][kNT][4], int stage) {
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+      for (int nt = 0; nt < kNT; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[mt][nt][e] = 0.f;
+      }
+    }
+    const unsigned k_base = k_lane_base + stage * kKBytes;
+#pragma unroll
+    for (int kk = 0; kk < kKQ; ++kk) {
+      unsigned qa[kMT][4];
 #pragma unroll
       for (int mt = 0; mt < kMT; ++mt) {
+        if constexpr (kQInRegs) {
 #pragma unroll
-        for (int hh = 0; hh < 2; ++hh) {
-          float mx = neg_inf();
-#pragma unroll
-          for (int nt = 0; nt < kNT; ++nt) {
-            mx = fmaxf(mx, fmaxf(s[mt][nt][hh * 2], s[mt][nt][hh * 2 + 1]));
-          }
-          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-          const float m_new = fmaxf(m_run[mt][hh], mx * kMul);
-          // A row with nothing visible yet keeps m = -inf; subtract 0 then,
-          // so that exp2 gives 0 rather than NaN.
-          const float m_use = m_new == neg_inf() ? 0.f : m_new;
-          const float alpha = exp2_approx(m_run[mt][hh] - m_use);
-          m_run[mt][hh] = m_new;
-          float sum = 0.f;
-#pragma unroll
-          for (int nt = 0; nt < kNT; ++nt) {
-#pragma unroll
-            for (int c = 0; c < 2; ++c) {
-              const float pv = exp2_approx(fmaf(s[mt][nt][hh * 2 + c], kMul, -m_use));
-              s[mt][nt][hh * 2 + c] = pv;
-              sum += pv;
-            }
-          }
-          l_run[mt][hh] = l_run[mt][hh] * alpha + sum;
-#pragma unroll
-          for (int dt = 0; dt < kDT; ++dt) {
-            o[mt][dt][hh * 2] *= alpha;
-            o[mt][dt][hh * 2 + 1] *= alpha;
-          }
+          for (int e = 0; e < 4; ++e) qa[mt][e] = qreg[mt][kk][e];
+        } else {
+          ldsm_x4(q_row_addr0 + mt * (16 * kDQK * 2) + ((kk * 32) ^ qkey), qa[mt][0], qa[mt][1],
+                  qa[mt][2], qa[mt][3]);
         }
       }
+#pragma unroll
+      for (int np = 0; np < kNT / 2; ++np) {
+        unsigned b0, b1, b2, b3;
+        ldsm_x4(k_base + np * 16 * (kDQK * 2) + ((kk * 32) ^ kkey), b0, b1, b2, b3);
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt) {
+          mma16816(s[mt][2 * np], qa[mt], b0, b1);
+          mma16816(s[mt][2 * np + 1], qa[mt], b2, b3);
+        }
+      }
+    }
+  };
+  auto pv_mma_sync = [&](float (&s)[kMT][kNT][4], int stage) {
+    const unsigned v_base = v_lane_base + stage * kVBytes;
+#pragma unroll
+    for (int kk = 0; kk < kKV; ++kk) {
+      unsigned pa[kMT][4];
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt) {
+        pa[mt][0] = pack2(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+        pa[mt][1] = pack2(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+        pa[mt][2] = pack2(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+        pa[mt][3] = pack2(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+      }
+#pragma unroll
+      for (int dp = 0; dp < kDT / 2; ++dp) {
+        unsigned b0, b1, b2, b3;
+        ldsm_x4_t(v_base + kk * 16 * (kDV * 2) + ((dp * 32) ^ qkey), b0, b1, b2, b3);
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt) {
+          mma16816(o[mt][2 * dp], pa[mt], b0, b1);
+          mma16816(o[mt][2 * dp + 1], pa[mt], b2, b3);
+        }
+      }
+    }
+  };
 
-      // ---- O += P V ----------------------------------------------------------
 #if KC_ARCH_SM90A
-      if constexpr (kWgmma) {
-        // V: [D/64][kBN][64] read N-major (transposed): LBO steps 64 columns
-        // of d, SBO steps 8 keys.
-        const unsigned v_st = sV + stage * kVBytes;
-        const unsigned long long dv0 = smem_desc(v_st, kBN * 128, 1024);
-        // P packed first: registers written between wgmmas would make ptxas
-        // insert a warpgroup.arrive before each one.
-        unsigned pa[kKV][4];
+  // wgmma: S = Q K^T issued (not waited) for the tile in `stage`.
+  auto qk_wgmma = [&](float (&s)[kMT][kNT][4], int stage) {
+    // Q rows of this warpgroup: [D/64][kBM][64] -> rows 64 * (warp / 4).
+    const unsigned q_wg = sQ + (warp >> 2) * (64 * 128);
+    const unsigned long long dq0 = smem_desc(q_wg, 16, 1024);
+    const unsigned long long dk0 = smem_desc(sK + stage * kKBytes, 16, 1024);
+    wgmma_fence();
 #pragma unroll
-        for (int kk = 0; kk < kKV; ++kk) {
-          pa[kk][0] = pack2(s[0][2 * kk][0], s[0][2 * kk][1]);
-          pa[kk][1] = pack2(s[0][2 * kk][2], s[0][2 * kk][3]);
-          pa[kk][2] = pack2(s[0][2 * kk + 1][0], s[0][2 * kk + 1][1]);
-          pa[kk][3] = pack2(s[0][2 * kk + 1][2], s[0][2 * kk + 1][3]);
-        }
-        wgmma_fence();
+    for (int kk = 0; kk < kKQ; ++kk) {
+      // k16 step kk: 64-column block kk / 4, 32-byte offset (kk % 4) in it.
+      const unsigned long long dq = dq0 + ((((kk >> 2) * kBM * 128) + (kk & 3) * 32) >> 4);
+      const unsigned long long dk = dk0 + ((((kk >> 2) * kBN * 128) + (kk & 3) * 32) >> 4);
+      wgmma_ss(s[0], dq, dk, kk > 0 ? 1 : 0);
+    }
+    wgmma_commit();
+  };
+  auto pack_p = [&](const float (&s)[kMT][kNT][4], unsigned (&pa)[kKV][4]) {
 #pragma unroll
-        for (int kk = 0; kk < kKV; ++kk) wgmma_rs(o[0], pa[kk], dv0 + ((kk * 16 * 128) >> 4));
-        wgmma_commit();
-        wgmma_wait0();
-        fence_regs(o[0]);
-      } else
+    for (int kk = 0; kk < kKV; ++kk) {
+      pa[kk][0] = pack2(s[0][2 * kk][0], s[0][2 * kk][1]);
+      pa[kk][1] = pack2(s[0][2 * kk][2], s[0][2 * kk][3]);
+      pa[kk][2] = pack2(s[0][2 * kk + 1][0], s[0][2 * kk + 1][1]);
+      pa[kk][3] = pack2(s[0][2 * kk + 1][2], s[0][2 * kk + 1][3]);
+    }
+  };
+  // O += P V issued (not waited). V: [D/64][kBN][64] read N-major
+  // (transposed): LBO steps 64 columns of d, SBO steps 8 keys. P is packed
+  // before the first wgmma: registers written between wgmmas would make
+  // ptxas insert a warpgroup.arrive before each one.
+  auto pv_wgmma = [&](const unsigned (&pa)[kKV][4], int stage) {
+    const unsigned long long dv0 = smem_desc(sV + stage * kVBytes, kBN * 128, 1024);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kKV; ++kk) wgmma_rs(o[0], pa[kk], dv0 + ((kk * 16 * 128) >> 4));
+    wgmma_commit();
+  };
 #endif
-      {
-        const unsigned v_base = v_lane_base + stage * kVBytes;
-#pragma unroll
-        for (int kk = 0; kk < kKV; ++kk) {
-          unsigned pa[kMT][4];
-#pragma unroll
-          for (int mt = 0; mt < kMT; ++mt) {
-            pa[mt][0] = pack2(s[mt][2 * kk][0], s[mt][2 * kk][1]);
-            pa[mt][1] = pack2(s[mt][2 * kk][2], s[mt][2 * kk][3]);
-            pa[mt][2] = pack2(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
-            pa[mt][3] = pack2(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
-          }
-#pragma unroll
-          for (int dp = 0; dp < kDT / 2; ++dp) {
-            unsigned b0, b1, b2, b3;
-            ldsm_x4_t(v_base + kk * 16 * (kDV * 2) + ((dp * 32) ^ qkey), b0, b1, b2, b3);
-#pragma unroll
-            for (int mt = 0; mt < kMT; ++mt) {
-              mma16816(o[mt][2 * dp], pa[mt], b0, b1);
-              mma16816(o[mt][2 * dp + 1], pa[mt], b2, b3);
-            }
-          }
+
+#if KC_ARCH_SM90A
+  if constexpr (kPingpong) {
+    // Named barriers 1 and 2 order the warpgroups' wgmma issues: warpgroup w
+    // waits on 1 + w, then lets the other go (arrive on 2 - w). Warpgroup 0
+    // starts; the last arrival of warpgroup 1 is skipped so that none is
+    // left pending at exit.
+    const int wg = warp >> 2;
+    cp_async_wait<0>();  // Q (and this thread's share of tile 0)
+    fence_proxy_async();
+    __syncthreads();
+    if (n_iter > 0 && wg == 1) named_bar_arrive(1, kThreads);
+    for (int i = 0; i < n_iter; ++i) {
+      const int stage = i & 1;
+      mbar_wait(bar_full + 8 * stage, (i >> 1) & 1);
+      fence_proxy_async();  // other threads' cp.async writes -> this thread's wgmma
+
+      int tile, cls;
+      tile_of(i, tile, cls);
+      const int n0 = tile * kBN;
+      unsigned vbits[kVW];
+      const int wcls = cls == 2 ? 2 : visibility(n0, vbits);
+      float s[kMT][kNT][4];
+      float alpha[kMT][2];
+      named_bar_sync(1 + wg, kThreads);
+      qk_wgmma(s, stage);
+      named_bar_arrive(2 - wg, kThreads);
+      // Tile i + 1 into the other stage once both warpgroups are done with
+      // tile i - 1 (overlaps this S wgmma).
+      if (i + 1 < n_iter) {
+        if (i >= 1) mbar_wait(bar_empty + 8 * (stage ^ 1), ((i - 1) >> 1) & 1);
+        prefetch(i + 1, stage ^ 1);
+        mbar_arrive_cp_async(bar_full + 8 * (stage ^ 1));
+      }
+      wgmma_wait<0>();
+      fence_regs(s[0]);
+      score_and_mask(s, n0, wcls, vbits);
+      softmax(s, alpha);
+      rescale_o(alpha);
+      unsigned pa[kKV][4];
+      pack_p(s, pa);
+      named_bar_sync(1 + wg, kThreads);
+      pv_wgmma(pa, stage);
+      if (wg == 0 || i + 1 < n_iter) named_bar_arrive(2 - wg, kThreads);
+      wgmma_wait<0>();
+      fence_regs(o[0]);
+      __syncwarp();
+      if (lane == 0) mbar_arrive(bar_empty + 8 * stage);
+    }
+  } else
+#endif
+  if constexpr (!kOverlap) {
+    // Stage of iteration i and of the tile prefetched in it (i + kPrefetch).
+    int stage = 0;
+    int pstage = kPrefetch;
+    for (int i = 0; i < n_iter; ++i) {
+      if constexpr (kStages == 2) {
+        stage = i & 1;
+        pstage = stage ^ 1;
+      }
+      cp_async_wait<kPrefetch - 1>();
+#if KC_ARCH_SM90A
+      if constexpr (kWgmma) fence_proxy_async();  // cp.async writes -> wgmma reads
+#endif
+      __syncthreads();
+      if (i + kPrefetch < n_iter) prefetch(i + kPrefetch, pstage);
+      cp_async_commit();
+
+      int tile, cls;
+      tile_of(i, tile, cls);
+      const int n0 = tile * kBN;
+      unsigned vbits[kVW];
+      const int wcls = cls == 2 ? 2 : visibility(n0, vbits);
+      if (wcls != 0) {
+        float s[kMT][kNT][4];
+        float alpha[kMT][2];
+#if KC_ARCH_SM90A
+        if constexpr (kWgmma) {
+          qk_wgmma(s, stage);
+          wgmma_wait<0>();
+          fence_regs(s[0]);
+          score_and_mask(s, n0, wcls, vbits);
+          softmax(s, alpha);
+          rescale_o(alpha);
+          unsigned pa[kKV][4];
+          pack_p(s, pa);
+          pv_wgmma(pa, stage);
+          wgmma_wait<0>();
+          fence_regs(o[0]);
+        } else
+#endif
+        {
+          qk_mma_sync(s, stage);
+          score_and_mask(s, n0, wcls, vbits);
+          softmax(s, alpha);
+          rescale_o(alpha);
+          pv_mma_sync(s, stage);
         }
       }
-    }  // wcls != 0
+      if constexpr (kStages != 2) {
+        stage = stage + 1 == kStages ? 0 : stage + 1;
+        pstage = pstage + 1 == kStages ? 0 : pstage + 1;
+      }
+    }
+  } else {
+#if KC_ARCH_SM90A
+    // sm_90a, 3+ stages: softmax of tile i overlaps the P V wgmma of tile
+    // i - 1 (FlashAttention-3's intra-warpgroup pipelining). O is rescaled
+    // once that wgmma is done; the stage of tile i - 1 stays resident until
+    // then, hence a prefetch distance of kStages - 2.
+    unsigned pa[kKV][4];
+    int stage = 0;
+    int pstage = kPrefetch;
+    int prev_stage = 0;
+    for (int i = 0; i < n_iter; ++i) {
+      cp_async_wait<kPrefetch - 1>();
+      fence_proxy_async();
+      __syncthreads();
+      if (i + kPrefetch < n_iter) prefetch(i + kPrefetch, pstage);
+      cp_async_commit();
 
-    if constexpr (kStages != 2) {
+      int tile, cls;
+      tile_of(i, tile, cls);
+      const int n0 = tile * kBN;
+      unsigned vbits[kVW];
+      const int wcls = cls == 2 ? 2 : visibility(n0, vbits);
+      float s[kMT][kNT][4];
+      float alpha[kMT][2];
+      qk_wgmma(s, stage);
+      if (i > 0) {
+        pv_wgmma(pa, prev_stage);
+        wgmma_wait<1>();  // S of tile i; P V of tile i - 1 may still run
+      } else {
+        wgmma_wait<0>();
+      }
+      fence_regs(s[0]);
+      score_and_mask(s, n0, wcls, vbits);
+      softmax(s, alpha);
+      if (i > 0) {
+        wgmma_wait<0>();
+        fence_regs(o[0]);
+      }
+      rescale_o(alpha);
+      pack_p(s, pa);
+      prev_stage = stage;
       stage = stage + 1 == kStages ? 0 : stage + 1;
       pstage = pstage + 1 == kStages ? 0 : pstage + 1;
     }
+    if (n_iter > 0) {
+      pv_wgmma(pa, prev_stage);
+      wgmma_wait<0>();
+      fence_regs(o[0]);
+    }
+#endif
   }
   cp_async_wait<0>();
 

@@ -33,10 +33,11 @@ struct AttentionTiles {
 constexpr int kAttnMaxListTiles = 2048;
 
 // Shared memory of the mask scratch: the tile list (uint16 each), one int4 of
-// row data per query row, a few counters, and 1024 bytes of slack to align
-// the tiles to 1024 bytes (wgmma's swizzle atoms on sm_90a).
+// row data per query row, a few counters, 64 bytes of mbarriers, and 1024
+// bytes of slack to align the tiles to 1024 bytes (wgmma's swizzle atoms on
+// sm_90a).
 KC_TILES_HD constexpr int AttentionScratchBytes(int block_m) {
-  return 2 * kAttnMaxListTiles + 16 * block_m + 16 + 1024;
+  return 2 * kAttnMaxListTiles + 16 * block_m + 16 + 64 + 1024;
 }
 
 // Dynamic shared memory of the forward kernel: Q tile, `stages` K and V

@@ -66,12 +66,15 @@ class KcacheRunner:
 
 
 def tile_variants(d):
-    """(tiles, sm90a) pairs to time; the first of each kind is the default."""
+    """(tiles, sm90a, extra defines) to time; the first of each kind is the default."""
+    nopp = (("KC_SM90A_PINGPONG", "0"),)
     if d == 64:
-        return [((128, 64, 4, 2), False), ((128, 128, 8, 2), False), ((64, 64, 4, 2), False),
-                ((128, 128, 8, 2), True), ((128, 64, 8, 2), True)]
-    return [((128, 32, 4, 2), False), ((128, 64, 4, 2), False), ((128, 128, 8, 2), False),
-            ((128, 128, 8, 2), True), ((128, 64, 8, 2), True)]
+        return [((128, 64, 4, 2), False, ()), ((128, 128, 8, 2), True, ()),
+                ((128, 64, 8, 2), True, ()), ((128, 64, 8, 2), True, nopp),
+                ((128, 128, 8, 2), True, nopp)]
+    return [((128, 32, 4, 2), False, ()), ((128, 128, 8, 2), True, ()),
+            ((128, 64, 8, 2), True, ()), ((128, 128, 8, 2), True, nopp),
+            ((128, 64, 8, 2), True, nopp)]
 
 
 def run_case(name, B, Hq, Hkv, Lq, Lkv, D, mask, args, rows, drafter=None):
@@ -161,10 +164,11 @@ def run_case(name, B, Hq, Hkv, Lq, Lkv, D, mask, args, rows, drafter=None):
         del vis
 
     kc = {}
-    for tiles, sm90a in tile_variants(D):
+    for tiles, sm90a, extra in tile_variants(D):
         spec = K.make_spec("bf16", D, D, mask=mask, tiles=tiles, sm90a=sm90a,
-                           drafter_block=drafter[2] if drafter else 16)
-        tag = "%d_%d_%d_%d" % tiles + ("_sm90a" if sm90a else "")
+                           drafter_block=drafter[2] if drafter else 16, extra_defines=extra)
+        tag = ("%d_%d_%d_%d" % tiles + ("_sm90a" if sm90a else "") +
+               ("_nopp" if extra else ""))
         try:
             r = KcacheRunner(spec)
             dr = (drafter[3], drafter[0], drafter[1]) if drafter else None
@@ -193,10 +197,10 @@ def main():
     args = ap.parse_args()
     if args.precompile:
         for mask, d in (("causal", 128), ("none", 128), ("causal", 64), ("drafter", 128)):
-            for tiles, sm90a in tile_variants(d):
+            for tiles, sm90a, extra in tile_variants(d):
                 _, log = K.compile_spec(K.make_spec("bf16", d, d, mask=mask, tiles=tiles,
-                                                    sm90a=sm90a))
-                print(mask, d, tiles, sm90a, K.ptxas_summary(log))
+                                                    sm90a=sm90a, extra_defines=extra))
+                print(mask, d, tiles, sm90a, extra, K.ptxas_summary(log))
         return
     global torch
     import torch as _torch

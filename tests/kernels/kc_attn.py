@@ -33,7 +33,7 @@ MAX_LIST_TILES = 2048
 
 def smem_bytes(bm, bn, stages, dqk, dv, elem=2):
     return (bm * dqk * elem + stages * bn * (dqk + dv) * elem + 2 * MAX_LIST_TILES + 16 * bm + 16
-            + 1024)
+            + 64 + 1024)
 
 
 def select_tiles(arch, dqk, dv):
@@ -85,7 +85,7 @@ def hexfloat(x):
 def make_spec(dtype="bf16", dqk=128, dv=None, mask="none", score="none", *, bottom_right=False,
               window=(-1, 0), doc_causal=False, drafter_block=16, drafter_causal=False,
               drafter_window=0, softcap=0.0, scale=None, return_lse=True, tiles=None, arch=90,
-              sm90a=False, expr_mask_code=None, expr_score_code=None):
+              sm90a=False, expr_mask_code=None, expr_score_code=None, extra_defines=()):
     dv = dv or dqk
     spec = dict(dtype=dtype, dqk=dqk, dv=dv, mask=mask, score=score, bottom_right=bottom_right,
                 window=tuple(window), doc_causal=doc_causal, drafter_block=drafter_block,
@@ -93,7 +93,8 @@ def make_spec(dtype="bf16", dqk=128, dv=None, mask="none", score="none", *, bott
                 softcap=float(softcap), scale=float(scale if scale else 1.0 / math.sqrt(dqk)),
                 return_lse=return_lse, arch=arch, sm90a=sm90a,
                 tiles=tuple(tiles) if tiles else select_tiles(arch, dqk, dv) or (0, 0, 0, 0),
-                expr_mask_code=expr_mask_code, expr_score_code=expr_score_code)
+                expr_mask_code=expr_mask_code, expr_score_code=expr_score_code,
+                extra_defines=tuple(extra_defines))
     return spec
 
 
@@ -124,6 +125,7 @@ def prelude(spec):
         f"#define KC_RETURN_LSE {1 if spec['return_lse'] else 0}",
         "#define KC_BACKWARD 0",
         "#define KC_DETERMINISTIC 0",
+    ] + ["#define %s %s" % kv for kv in spec.get("extra_defines", ())] + [
         '#include "attention_params.h"',
     ]
     if spec["mask"] == "expr":

@@ -80,7 +80,7 @@ def variants():
     # sm_90a: the wgmma path (warpgroup-shaped tiles).
     for dtype in ("bf16", "fp16"):
         for dqk, dv in ((128, 128), (64, 64), (128, 64)):
-            for tiles in ((128, 128, 8, 2), (128, 64, 8, 2)):
+            for tiles in ((128, 128, 8, 2), (128, 64, 8, 2), (128, 64, 8, 3)):
                 for mname, m in masks:
                     if tiles == (128, 64, 8, 2) and mname not in ("none", "causal", "drafter16",
                                                                  "doc", "win100_20_br"):
@@ -88,6 +88,21 @@ def variants():
                     out.append(("%s_d%d_%d_%s_sm90a_t%d_%d" % (dtype, dqk, dv, mname, tiles[0],
                                                               tiles[1]),
                                 K.make_spec(dtype, dqk, dv, tiles=tiles, sm90a=True, **m)))
+    for mname in ("causal", "drafter16", "doc"):
+        out.append(("bf16_d128_%s_sm90a_t64_64_4_2" % mname,
+                    K.make_spec("bf16", 128, tiles=(64, 64, 4, 2), sm90a=True,
+                                **dict(masks)[mname])))
+        out.append(("fp16_d128_%s_sm90a_nopingpong" % mname,
+                    K.make_spec("fp16", 128, tiles=(128, 128, 8, 2), sm90a=True,
+                                extra_defines=(("KC_SM90A_PINGPONG", "0"),),
+                                **dict(masks)[mname])))
+    out.append(("bf16_d128_drafter_softcap_sm90a_t128_64_8_3",
+                K.make_spec("bf16", 128, mask="drafter", score="softcap", softcap=20.0,
+                            tiles=(128, 64, 8, 3), sm90a=True)))
+    out.append(("fp16_d64_expr_sm90a_t128_64_8_4",
+                K.make_spec("fp16", 64, mask="expr", score="expr", tiles=(128, 64, 8, 4),
+                            sm90a=True, expr_mask_code=K.EXPR_MASK_PREFIX_LM,
+                            expr_score_code=K.EXPR_SCORE_BIAS)))
     out.append(("bf16_d128_causal_softcap_sm90a",
                 K.make_spec("bf16", 128, mask="causal", score="softcap", softcap=20.0,
                             tiles=(128, 128, 8, 2), sm90a=True)))
