@@ -70,6 +70,44 @@ void PatchHex(nlohmann::json& j) {
   }
 }
 
+// Protobuf's JSON writes 64-bit integers as strings; scripts want numbers.
+void Int64AsNumbers(const google::protobuf::Message& m, nlohmann::json& j) {
+  using google::protobuf::FieldDescriptor;
+  if (!j.is_object()) return;
+  const auto* d = m.GetDescriptor();
+  const auto* refl = m.GetReflection();
+  for (int i = 0; i < d->field_count(); ++i) {
+    const FieldDescriptor* f = d->field(i);
+    auto it = j.find(f->name());
+    if (it == j.end()) continue;
+    auto convert = [&](nlohmann::json& v) {
+      if (!v.is_string()) return;
+      const std::string s = v.get<std::string>();
+      if (f->cpp_type() == FieldDescriptor::CPPTYPE_UINT64) {
+        v = static_cast<uint64_t>(std::stoull(s));
+      } else {
+        v = static_cast<int64_t>(std::stoll(s));
+      }
+    };
+    if (f->cpp_type() == FieldDescriptor::CPPTYPE_INT64 ||
+        f->cpp_type() == FieldDescriptor::CPPTYPE_UINT64) {
+      if (f->is_repeated()) {
+        for (auto& v : *it) convert(v);
+      } else {
+        convert(*it);
+      }
+    } else if (f->cpp_type() == FieldDescriptor::CPPTYPE_MESSAGE && !f->is_map()) {
+      if (f->is_repeated()) {
+        for (int k = 0; k < refl->FieldSize(m, f) && k < static_cast<int>(it->size()); ++k) {
+          Int64AsNumbers(refl->GetRepeatedMessage(m, f, k), (*it)[k]);
+        }
+      } else if (refl->HasField(m, f)) {
+        Int64AsNumbers(refl->GetMessage(m, f), *it);
+      }
+    }
+  }
+}
+
 }  // namespace
 
 nlohmann::json ProtoToJson(const google::protobuf::Message& m) {
@@ -79,6 +117,7 @@ nlohmann::json ProtoToJson(const google::protobuf::Message& m) {
   o.always_print_primitive_fields = true;
   (void)google::protobuf::util::MessageToJsonString(m, &s, o);
   nlohmann::json j = nlohmann::json::parse(s, nullptr, /*allow_exceptions=*/false);
+  Int64AsNumbers(m, j);
   PatchHex(j);
   return j;
 }

@@ -30,7 +30,7 @@ class Table {
 };
 
 // The message in protobuf's JSON mapping (proto field names, defaults
-// included), with the byte fields that hold keys and digests ("key",
+// included, 64-bit integers as numbers), with the byte fields that hold keys and digests ("key",
 // "cubin_sha256", "quarantined_keys", "key_prefix", "page_token",
 // "next_page_token") as lower-case hex instead of base64.
 nlohmann::json ProtoToJson(const google::protobuf::Message& m);

@@ -1,0 +1,428 @@
+// Tests of the kcache CLI in process (tools/kcache/): argument parsing and
+// value parsers, the manifest, and every command directly on a real store in
+// a fresh temporary directory (records made as the compiler makes them).
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "cache/key.h"
+#include "cache/store.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "rocksdb/db.h"
+#include "tests/cache/test_util.h"
+#include "tools/kcache/args.h"
+#include "tools/kcache/cli.h"
+#include "tools/kcache/manifest.h"
+
+namespace kcache::tools {
+namespace {
+
+using ::kcache::testing::MakeCubin;
+using ::kcache::testing::MakeRecord;
+using ::kcache::testing::MakeToolchain;
+using ::kcache::testing::StatusIs;
+using ::kcache::testing::TempDir;
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+using ::testing::Not;
+using nlohmann::json;
+
+struct CliRun {
+  int code;
+  std::string out, err;
+};
+
+CliRun Kcache(std::vector<std::string> args) {
+  std::ostringstream out, err;
+  int code = RunKcache(args, {out, err, false});
+  return {code, out.str(), err.str()};
+}
+
+std::string Show(const CliRun& r) {
+  return absl::StrCat("exit ", r.code, "\nstdout:\n", r.out, "\nstderr:\n", r.err);
+}
+
+// --- args -------------------------------------------------------------------
+
+TEST(Args, ParsesFlagsBothWaysAndRefusesWhatItDoesNotKnow) {
+  std::vector<FlagSpec> known = {{"out", true, "FILE", ""}, {"json", false, "", ""}};
+  auto a = ParseArgs({"--out", "f", "x", "--json"}, known);
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ(a->get("out"), "f");
+  EXPECT_TRUE(a->has("json"));
+  EXPECT_EQ(a->positional, std::vector<std::string>{"x"});
+  EXPECT_EQ(ParseArgs({"--out=g"}, known)->get("out"), "g");
+  EXPECT_THAT(ParseArgs({"--nope"}, known), StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(ParseArgs({"--out"}, known), StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(ParseArgs({"--json=1"}, known), StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(ParseArgs({"--out=a", "--out=b"}, known),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_EQ(ParseArgs({"--", "--json"}, known)->positional, std::vector<std::string>{"--json"});
+}
+
+TEST(Args, TimesSizesAndDurations) {
+  absl::Time now = absl::FromUnixSeconds(1'800'000'000);
+  EXPECT_EQ(*ParseWhen("30d", now), now - absl::Hours(24 * 30));
+  EXPECT_EQ(*ParseWhen("12h", now), now - absl::Hours(12));
+  EXPECT_EQ(*ParseWhen("@1764504000000", now), absl::FromUnixMillis(1764504000000));
+  EXPECT_EQ(*ParseWhen("2026-11-30", now), absl::FromCivil(absl::CivilDay(2026, 11, 30),
+                                                           absl::UTCTimeZone()));
+  EXPECT_EQ(*ParseWhen("2026-11-30T12:00:00Z", now),
+            absl::FromCivil(absl::CivilSecond(2026, 11, 30, 12, 0, 0), absl::UTCTimeZone()));
+  EXPECT_THAT(ParseWhen("yesterday", now), StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(ParseWhen("@x", now), StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_EQ(*ParseBytes("1048576"), 1048576u);
+  EXPECT_EQ(*ParseBytes("512M"), 512u << 20);
+  EXPECT_EQ(*ParseBytes("10GiB"), uint64_t{10} << 30);
+  EXPECT_EQ(*ParseBytes("0"), 0u);
+  EXPECT_THAT(ParseBytes("lots"), StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(ParseBytes("-1"), StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(ParseBytes("99999999999T"), StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_EQ(*ParseDurationArg("90"), absl::Seconds(90));
+  EXPECT_EQ(*ParseDurationArg("10m"), absl::Minutes(10));
+  EXPECT_THAT(ParseDurationArg("soon"), StatusIs(absl::StatusCode::kInvalidArgument));
+}
+
+// --- manifest -----------------------------------------------------------------
+
+TEST(Manifest, TheSampleManifestParses) {
+  auto items = LoadManifest(KCACHE_SOURCE_DIR "/docker/warm-manifest.yaml");
+  ASSERT_TRUE(items.ok()) << items.status();
+  ASSERT_EQ(items->size(), 6u);
+  EXPECT_EQ((*items)[0].name, "causal-bf16-d128-gqa");
+  EXPECT_EQ((*items)[0].arch, "sm_80");
+  EXPECT_EQ((*items)[1].arch, "sm_90a");
+  EXPECT_EQ((*items)[0].spec.dtype(), v1::DTYPE_BF16);
+  EXPECT_EQ((*items)[0].spec.num_kv_heads(), 8u);
+  EXPECT_TRUE((*items)[0].spec.mask().has_causal());
+  EXPECT_TRUE((*items)[4].spec.mask().has_drafter());
+  EXPECT_EQ((*items)[4].spec.mask().drafter().block_size(), 16u);
+  EXPECT_TRUE((*items)[5].spec.return_lse());
+}
+
+TEST(Manifest, JsonWorksTooAndNamesDefaultToTheDescription) {
+  auto items = ParseManifest(
+      R"({"archs": ["sm_90a"], "specs": [{"spec": {"dtype": "DTYPE_FP16", "headDimQk": 64,
+          "numQHeads": 4, "softmaxScale": 0.125}}]})");
+  ASSERT_TRUE(items.ok()) << items.status();
+  ASSERT_EQ(items->size(), 1u);
+  EXPECT_EQ((*items)[0].arch, "sm_90a");
+  EXPECT_FLOAT_EQ((*items)[0].spec.softmax_scale(), 0.125f);
+  EXPECT_THAT((*items)[0].name, HasSubstr("fp16 d64"));
+}
+
+TEST(Manifest, ErrorsNameTheEntryAndTheReason) {
+  struct Case {
+    std::string text, expected;
+  };
+  std::vector<Case> cases = {
+      {"specs: [", "manifest"},
+      {"archs: [sm_80]\nspecs: []\n", "'specs' must be a non-empty list"},
+      {"archs: [sm_80]\nextra: 1\nspecs: [{spec: {}}]\n", "unknown key 'extra'"},
+      {"specs: [{spec: {dtype: DTYPE_BF16}}]\n", "specs[0]: no archs"},
+      {"archs: [80]\nspecs: [{spec: {}}]\n", "archs[0]: not an architecture"},
+      {"archs: [sm_80]\nspecs: [{name: a, spec: {head_dim: 64}}]\n", "specs[0] (a): spec JSON"},
+      {"archs: [sm_80]\nspecs: [{name: a, spec: {}}, {name: a, spec: {}}]\n",
+       "specs[1] (a): the name 'a' is used twice"},
+      {"archs: [sm_80]\nspecs: [{name: a, spek: {}}]\n", "unknown key 'spek'"},
+      {"archs: [sm_80]\nspecs: [{name: a}]\n", "'spec' (a mapping) is missing"},
+  };
+  for (const auto& c : cases) {
+    auto r = ParseManifest(c.text);
+    EXPECT_THAT(r, StatusIs(absl::StatusCode::kInvalidArgument)) << c.text;
+    EXPECT_THAT(std::string(r.status().message()), HasSubstr(c.expected)) << c.text;
+  }
+}
+
+// --- commands on a store ------------------------------------------------------
+
+v1::Toolchain OtherToolchain() { return MakeToolchain("12.8"); }
+
+// A store with 4 entries of MakeToolchain() (sm_90a; two sm_80) and 2 of
+// OtherToolchain(); created at times 1000..6000 ms; sizes grow with n.
+class StoreCli : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    StoreOptions o;
+    o.stats_flush_interval = absl::ZeroDuration();
+    auto s = Store::Open(store_dir(), o);
+    ASSERT_TRUE(s.ok()) << s.status();
+    for (uint64_t n = 0; n < 6; ++n) {
+      v1::Toolchain tc = n < 4 ? MakeToolchain() : OtherToolchain();
+      auto rec = MakeRecord(n, tc, n == 1 || n == 2 ? "sm_80" : "sm_90a",
+                            static_cast<int64_t>(1000 * (n + 1)));
+      rec.mutable_toolchain()->set_id(ToolchainIdHex(tc));
+      keys_.push_back(rec.key());
+      ASSERT_TRUE((*s)->Publish(rec, MakeCubin(1000 * (n + 1), n)).ok());
+    }
+    ASSERT_TRUE((*s)->Close().ok());
+  }
+
+  std::string store_dir() const { return dir_.Sub("store"); }
+  std::string hex(int n) const { return KeyToHex(keys_[static_cast<size_t>(n)]); }
+  CliRun Do(std::vector<std::string> args) {
+    args.insert(args.begin(), {"--store", store_dir()});
+    return Kcache(args);
+  }
+  std::vector<std::string> ListedKeys(std::vector<std::string> args) {
+    args.insert(args.begin(), {std::string("--json"), std::string("ls")});
+    CliRun r = Do(args);
+    EXPECT_EQ(r.code, 0) << Show(r);
+    std::vector<std::string> out;
+    const json listed = json::parse(r.out);
+    for (const auto& e : listed["entries"]) {
+      out.push_back(e["record"]["key"].get<std::string>());
+    }
+    return out;
+  }
+
+  TempDir dir_;
+  std::vector<std::string> keys_;
+};
+
+TEST_F(StoreCli, LsFiltersSortsAndLimits) {
+  EXPECT_EQ(ListedKeys({}).size(), 6u);
+  const std::string tc = ToolchainIdHex(MakeToolchain());
+  EXPECT_EQ(ListedKeys({"--toolchain", tc}).size(), 4u);
+  auto sm80 = ListedKeys({"--arch", "sm_80"});
+  EXPECT_THAT(sm80, ::testing::UnorderedElementsAre(hex(1), hex(2)));
+  EXPECT_THAT(ListedKeys({"--mask", "causal"}),
+              ::testing::UnorderedElementsAre(hex(0), hex(2), hex(4)));
+  EXPECT_THAT(ListedKeys({"--created-before", "@2500"}),
+              ::testing::UnorderedElementsAre(hex(0), hex(1)));
+  EXPECT_EQ(ListedKeys({"--sort", "size"}),
+            (std::vector<std::string>{hex(5), hex(4), hex(3), hex(2), hex(1), hex(0)}));
+  EXPECT_EQ(ListedKeys({"--sort=created", "--limit=2"}), (std::vector<std::string>{hex(5), hex(4)}));
+  EXPECT_THAT(ListedKeys({"--pinned"}), IsEmpty());
+  EXPECT_EQ(ListedKeys({"--unused-since", "1d"}).size(), 6u);  // never used
+
+  CliRun table = Do({"ls", "--arch", "sm_80"});
+  ASSERT_EQ(table.code, 0) << Show(table);
+  EXPECT_THAT(table.out, HasSubstr("KEY"));
+  EXPECT_THAT(table.out, HasSubstr(hex(1).substr(0, 28)));
+  EXPECT_THAT(table.out, Not(HasSubstr(hex(0).substr(0, 28))));
+}
+
+TEST_F(StoreCli, ShowTakesAUniquePrefix) {
+  CliRun r = Do({"show", hex(3).substr(0, 30)});
+  ASSERT_EQ(r.code, 0) << Show(r);
+  EXPECT_THAT(r.out, HasSubstr(hex(3)));
+  EXPECT_THAT(r.out, HasSubstr("attn_fwd"));
+  EXPECT_THAT(r.out, HasSubstr("ENTRY_ROLE_FORWARD"));
+  EXPECT_THAT(r.out, HasSubstr("verified      no"));
+  EXPECT_THAT(r.out, HasSubstr("spec (JSON):"));
+  CliRun j = Do({"--json", "show", hex(3)});
+  ASSERT_EQ(j.code, 0) << Show(j);
+  json e = json::parse(j.out);
+  EXPECT_EQ(e["record"]["key"], hex(3));
+  EXPECT_EQ(e["record"]["cubin_size"], 4000);
+  // The toolchain prefix alone matches several entries.
+  CliRun amb = Do({"show", hex(0).substr(0, 18)});
+  EXPECT_EQ(amb.code, 1) << Show(amb);
+  EXPECT_THAT(amb.err, HasSubstr("ambiguous"));
+  CliRun none = Do({"show", "02"});
+  EXPECT_EQ(none.code, 1) << Show(none);
+}
+
+TEST_F(StoreCli, StatusShowsEntriesPerToolchain) {
+  CliRun r = Do({"--json", "status"});
+  ASSERT_EQ(r.code, 0) << Show(r);
+  json j = json::parse(r.out);
+  EXPECT_EQ(j["mode"], "store");
+  EXPECT_EQ(j["entries"], 6);
+  std::map<std::string, int> per;
+  for (const auto& t : j["toolchains"]) per[t["toolchain_id"]] = t["entries"];
+  EXPECT_EQ(per, (std::map<std::string, int>{{ToolchainIdHex(MakeToolchain()), 4},
+                                             {ToolchainIdHex(OtherToolchain()), 2}}));
+  CliRun human = Do({"status"});
+  ASSERT_EQ(human.code, 0) << Show(human);
+  EXPECT_THAT(human.out, HasSubstr("6 entries"));
+  EXPECT_THAT(human.out, HasSubstr(ToolchainIdHex(OtherToolchain())));
+  CliRun stats = Do({"stats"});
+  ASSERT_EQ(stats.code, 0) << Show(stats);
+  EXPECT_THAT(stats.out, HasSubstr("sm_80"));
+}
+
+TEST_F(StoreCli, PinUnpinInvalidateAndGc) {
+  CliRun r = Do({"pin", hex(0), "--reason", "hot"});
+  ASSERT_EQ(r.code, 0) << Show(r);
+  EXPECT_EQ(ListedKeys({"--pinned"}), std::vector<std::string>{hex(0)});
+  EXPECT_EQ(ListedKeys({"--unpinned"}).size(), 5u);
+  r = Do({"unpin", hex(0)});
+  ASSERT_EQ(r.code, 0) << Show(r);
+  EXPECT_THAT(ListedKeys({"--pinned"}), IsEmpty());
+
+  r = Do({"invalidate", "--toolchain", ToolchainIdHex(OtherToolchain())});
+  ASSERT_EQ(r.code, 0) << Show(r);
+  EXPECT_THAT(r.out, HasSubstr("removed 2 entries"));
+  r = Do({"invalidate", hex(1)});
+  ASSERT_EQ(r.code, 0) << Show(r);
+  EXPECT_THAT(r.out, HasSubstr("removed 1 entries"));
+  r = Do({"invalidate", "--before", "@3500"});  // entries 0 (1000) and 2 (3000)
+  ASSERT_EQ(r.code, 0) << Show(r);
+  EXPECT_THAT(r.out, HasSubstr("removed 2 entries"));
+  EXPECT_EQ(ListedKeys({}), std::vector<std::string>{hex(3)});
+
+  ASSERT_EQ(Do({"pin", hex(3)}).code, 0);
+  r = Do({"gc", "--max-bytes", "0", "--grace", "0"});
+  ASSERT_EQ(r.code, 0) << Show(r);
+  EXPECT_THAT(r.out, HasSubstr("evicted 0 entries"));  // pinned
+  ASSERT_EQ(Do({"unpin", hex(3)}).code, 0);
+  r = Do({"gc", "--max-bytes=0", "--grace=0"});
+  ASSERT_EQ(r.code, 0) << Show(r);
+  EXPECT_THAT(r.out, HasSubstr("evicted 1 entries"));
+  EXPECT_THAT(ListedKeys({}), IsEmpty());
+}
+
+TEST_F(StoreCli, VerifyQuarantinesAndReportsCorruptEntries) {
+  CliRun ok = Do({"verify"});
+  ASSERT_EQ(ok.code, 0) << Show(ok);
+  EXPECT_THAT(ok.out, HasSubstr("checked 6 entries, 0 corrupt"));
+  {
+    // Damage entry 2's blob behind the store's back.
+    auto s = Store::Open(store_dir(), StoreOptions{});
+    ASSERT_TRUE(s.ok());
+    auto e = (*s)->Inspect(keys_[2]);
+    ASSERT_TRUE(e.ok() && e->has_value());
+    ASSERT_TRUE((*s)->raw_db_for_testing()
+                    ->Put(rocksdb::WriteOptions(), (*s)->column_family_for_testing("blobs"),
+                          (*e)->record().cubin_sha256(), "garbage")
+                    .ok());
+    ASSERT_TRUE((*s)->Close().ok());
+  }
+  CliRun bad = Do({"verify"});
+  EXPECT_EQ(bad.code, 1) << Show(bad);
+  EXPECT_THAT(bad.out, HasSubstr("1 corrupt"));
+  EXPECT_THAT(bad.out, HasSubstr("quarantined " + hex(2)));
+  EXPECT_EQ(ListedKeys({}).size(), 5u);
+}
+
+TEST_F(StoreCli, ExportImportRoundTripAndForeignToolchainsAreRefused) {
+  const std::string mine = ToolchainIdHex(MakeToolchain());
+  const std::string bundle = dir_.Sub("mine.kcb");
+  CliRun r = Do({"export", "--out", bundle, "--toolchain", mine});
+  ASSERT_EQ(r.code, 0) << Show(r);
+  EXPECT_THAT(r.out, HasSubstr("exported 4 entries"));
+  const std::string all = dir_.Sub("all.kcb");
+  ASSERT_EQ(Do({"export", "--out", all}).code, 0);
+
+  const std::string fresh = dir_.Sub("fresh");
+  r = Kcache({"--store", fresh, "import", "--toolchain", mine, bundle});
+  ASSERT_EQ(r.code, 0) << Show(r);
+  EXPECT_THAT(r.out, HasSubstr("imported 4 entries, 0 already present"));
+  r = Kcache({"--store", fresh, "import", "--toolchain", mine, bundle});
+  EXPECT_THAT(r.out, HasSubstr("imported 0 entries, 4 already present"));
+
+  // The whole-store bundle holds another toolchain: refused, nothing written.
+  r = Kcache({"--store", fresh, "import", "--toolchain", mine, all});
+  EXPECT_EQ(r.code, 1) << Show(r);
+  EXPECT_THAT(r.err, HasSubstr("--allow-foreign-toolchain"));
+  CliRun st = Kcache({"--store", fresh, "--json", "status"});
+  EXPECT_EQ(json::parse(st.out)["entries"], 4);
+  r = Kcache({"--store", fresh, "import", "--allow-foreign-toolchain", all});
+  ASSERT_EQ(r.code, 0) << Show(r);
+  EXPECT_THAT(r.out, HasSubstr("imported 2 entries, 4 already present"));
+
+  // A damaged bundle is refused before anything is opened.
+  std::string bytes;
+  {
+    std::ifstream in(bundle, std::ios::binary);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    bytes = ss.str();
+  }
+  bytes[bytes.size() / 2] ^= 0x55;
+  std::ofstream(dir_.Sub("bad.kcb"), std::ios::binary) << bytes;
+  const std::string other = dir_.Sub("other");
+  r = Kcache({"--store", other, "import", "--toolchain", mine, dir_.Sub("bad.kcb")});
+  EXPECT_EQ(r.code, 1) << Show(r);
+  EXPECT_FALSE(std::filesystem::exists(other));
+}
+
+TEST_F(StoreCli, ALockedStoreIsReadOnlyForTheTool) {
+  auto held = Store::Open(store_dir(), StoreOptions{});  // as a daemon would
+  ASSERT_TRUE(held.ok());
+  EXPECT_EQ(ListedKeys({}).size(), 6u);
+  CliRun r = Do({"pin", hex(0)});
+  EXPECT_EQ(r.code, 3) << Show(r);
+  EXPECT_THAT(r.err, HasSubstr("held by a running daemon"));
+  r = Do({"verify"});
+  EXPECT_EQ(r.code, 3) << Show(r);
+  ASSERT_TRUE((*held)->Close().ok());
+  EXPECT_THAT(ListedKeys({"--pinned"}), IsEmpty());
+}
+
+TEST_F(StoreCli, BadArgumentsExitTwoAndChangeNothing) {
+  const std::vector<std::vector<std::string>> bad = {
+      {},
+      {"frobnicate"},
+      {"ls", "extra"},
+      {"ls", "--sort", "color"},
+      {"ls", "--mask", "diagonal"},
+      {"ls", "--toolchain", "xyz"},
+      {"ls", "--limit", "many"},
+      {"ls", "--pinned", "--unpinned"},
+      {"ls", "--created-before", "yesterday"},
+      {"show"},
+      {"show", "not-hex"},
+      {"pin", "zz"},
+      {"pin", hex(0), "--reason"},
+      {"unpin"},
+      {"invalidate"},
+      {"invalidate", "--arch", "sm_80", "--toolchain", ToolchainIdHex(MakeToolchain())},
+      {"invalidate", "--toolchain", "old"},
+      {"invalidate", "--before", "soon"},
+      {"invalidate", "--arch", "sm_80", hex(0)},
+      {"gc"},
+      {"gc", "--max-bytes", "lots"},
+      {"gc", "--max-bytes", "1G", "--grace", "forever"},
+      {"export"},
+      {"import"},
+      {"import", dir_.Sub("missing.kcb")},
+      {"warm", KCACHE_SOURCE_DIR "/docker/warm-manifest.yaml"},  // --store: needs a daemon
+      {"verify", "--all"},
+      {"--timeout", "0", "status"},
+  };
+  for (const auto& args : bad) {
+    CliRun r = Do(args);
+    EXPECT_EQ(r.code, 2) << absl::StrJoin(args, " ") << "\n" << Show(r);
+    EXPECT_THAT(r.out, IsEmpty()) << absl::StrJoin(args, " ");
+    // One line, saying where to look.
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+    EXPECT_THAT(r.err, HasSubstr("--help")) << r.err;
+  }
+  CliRun two = Kcache({"--store", store_dir(), "--socket", "x.sock", "status"});
+  EXPECT_EQ(two.code, 2) << Show(two);
+  EXPECT_EQ(ListedKeys({}).size(), 6u);
+  EXPECT_THAT(ListedKeys({"--pinned"}), IsEmpty());
+}
+
+TEST(Cli, HelpForEveryCommandAndUnavailableStores) {
+  CliRun h = Kcache({"--help"});
+  EXPECT_EQ(h.code, 0);
+  EXPECT_THAT(h.out, HasSubstr("exit status"));
+  for (const char* cmd : {"status", "stats", "ls", "show", "warm", "export", "import",
+                          "invalidate", "gc", "pin", "unpin", "verify"}) {
+    CliRun r = Kcache({cmd, "--help"});
+    EXPECT_EQ(r.code, 0) << cmd;
+    EXPECT_THAT(r.out, HasSubstr(absl::StrCat("usage: kcache ", cmd))) << cmd;
+    EXPECT_EQ(Kcache({"help", cmd}).out, r.out);
+  }
+  TempDir dir;
+  const std::string missing = dir.Sub("no-store");
+  for (const char* cmd : {"status", "ls", "verify"}) {
+    CliRun r = Kcache({"--store", missing, cmd});
+    EXPECT_EQ(r.code, 3) << Show(r);
+    EXPECT_THAT(r.err, HasSubstr("no kcache store"));
+  }
+  EXPECT_FALSE(std::filesystem::exists(missing));
+  CliRun r = Kcache({"--socket", dir.Sub("none.sock"), "--timeout", "1s", "status"});
+  EXPECT_EQ(r.code, 3) << Show(r);
+  EXPECT_THAT(r.err, HasSubstr("no kcache daemon"));
+}
+
+}  // namespace
+}  // namespace kcache::tools
