@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# CI pre-population on a machine with no GPU: starts a compile-only kcached
+# on a scratch store, compiles every spec x arch of MANIFEST with
+# `kcache warm`, exports the result to BUNDLE, stops the daemon.
+#
+#   docker/ci-warm.sh MANIFEST BUNDLE
+#
+# KCACHE_BIN: directory of kcached and kcache (default: found on PATH).
+# Exit status: kcache's (0 ok, 1 a spec failed, 2 bad manifest, 3 no daemon).
+# Tested by CTest (tools_ci_warm_script); docs/ops.md explains the steps.
+set -euo pipefail
+if [[ $# -ne 2 ]]; then
+  echo "usage: $0 MANIFEST BUNDLE" >&2
+  exit 2
+fi
+manifest=$1
+bundle=$2
+bin=${KCACHE_BIN:+$KCACHE_BIN/}
+work=$(mktemp -d)
+daemon=
+cleanup() {
+  if [[ -n $daemon ]]; then
+    kill -TERM "$daemon" 2>/dev/null || true
+    wait "$daemon" 2>/dev/null || true
+  fi
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+"${bin}kcached" --compile_only=true --store_path="$work/store" \
+  --socket_path="$work/kcached.sock" 2>"$work/kcached.log" &
+daemon=$!
+kcache=("${bin}kcache" --socket "$work/kcached.sock")
+# Each attempt waits up to 3 s for the socket to answer.
+for _ in $(seq 20); do
+  if "${kcache[@]}" status >/dev/null 2>&1; then break; fi
+  if ! kill -0 "$daemon" 2>/dev/null; then
+    cat "$work/kcached.log" >&2
+    exit 3
+  fi
+done
+"${kcache[@]}" warm "$manifest"
+"${kcache[@]}" export --out "$bundle"
