@@ -1,6 +1,8 @@
 // Tests of the kcache CLI in process (tools/kcache/): argument parsing and
 // value parsers, the manifest, and every command directly on a real store in
 // a fresh temporary directory (records made as the compiler makes them).
+#include "tools/kcache/cli.h"
+
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -14,7 +16,6 @@
 #include "rocksdb/db.h"
 #include "tests/cache/test_util.h"
 #include "tools/kcache/args.h"
-#include "tools/kcache/cli.h"
 #include "tools/kcache/manifest.h"
 
 namespace kcache::tools {
@@ -25,10 +26,10 @@ using ::kcache::testing::MakeRecord;
 using ::kcache::testing::MakeToolchain;
 using ::kcache::testing::StatusIs;
 using ::kcache::testing::TempDir;
+using nlohmann::json;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
 using ::testing::Not;
-using nlohmann::json;
 
 struct CliRun {
   int code;
@@ -68,8 +69,8 @@ TEST(Args, TimesSizesAndDurations) {
   EXPECT_EQ(*ParseWhen("30d", now), now - absl::Hours(24 * 30));
   EXPECT_EQ(*ParseWhen("12h", now), now - absl::Hours(12));
   EXPECT_EQ(*ParseWhen("@1764504000000", now), absl::FromUnixMillis(1764504000000));
-  EXPECT_EQ(*ParseWhen("2026-11-30", now), absl::FromCivil(absl::CivilDay(2026, 11, 30),
-                                                           absl::UTCTimeZone()));
+  EXPECT_EQ(*ParseWhen("2026-11-30", now),
+            absl::FromCivil(absl::CivilDay(2026, 11, 30), absl::UTCTimeZone()));
   EXPECT_EQ(*ParseWhen("2026-11-30T12:00:00Z", now),
             absl::FromCivil(absl::CivilSecond(2026, 11, 30, 12, 0, 0), absl::UTCTimeZone()));
   EXPECT_THAT(ParseWhen("yesterday", now), StatusIs(absl::StatusCode::kInvalidArgument));
@@ -195,7 +196,8 @@ TEST_F(StoreCli, LsFiltersSortsAndLimits) {
               ::testing::UnorderedElementsAre(hex(0), hex(1)));
   EXPECT_EQ(ListedKeys({"--sort", "size"}),
             (std::vector<std::string>{hex(5), hex(4), hex(3), hex(2), hex(1), hex(0)}));
-  EXPECT_EQ(ListedKeys({"--sort=created", "--limit=2"}), (std::vector<std::string>{hex(5), hex(4)}));
+  EXPECT_EQ(ListedKeys({"--sort=created", "--limit=2"}),
+            (std::vector<std::string>{hex(5), hex(4)}));
   EXPECT_THAT(ListedKeys({"--pinned"}), IsEmpty());
   EXPECT_EQ(ListedKeys({"--unused-since", "1d"}).size(), 6u);  // never used
 
@@ -404,8 +406,8 @@ TEST(Cli, HelpForEveryCommandAndUnavailableStores) {
   CliRun h = Kcache({"--help"});
   EXPECT_EQ(h.code, 0);
   EXPECT_THAT(h.out, HasSubstr("exit status"));
-  for (const char* cmd : {"status", "stats", "ls", "show", "warm", "export", "import",
-                          "invalidate", "gc", "pin", "unpin", "verify"}) {
+  for (const char* cmd : {"status", "stats", "ls", "show", "warm", "export", "import", "invalidate",
+                          "gc", "pin", "unpin", "verify"}) {
     CliRun r = Kcache({cmd, "--help"});
     EXPECT_EQ(r.code, 0) << cmd;
     EXPECT_THAT(r.out, HasSubstr(absl::StrCat("usage: kcache ", cmd))) << cmd;

@@ -19,10 +19,10 @@ using ::kcache::testing::Daemon;
 using ::kcache::testing::RunTool;
 using ::kcache::testing::TempDir;
 using ::kcache::testing::ToolRun;
+using nlohmann::json;
 using ::testing::AllOf;
 using ::testing::HasSubstr;
 using ::testing::Not;
-using nlohmann::json;
 
 const std::string kSampleManifest = KCACHE_SOURCE_DIR "/docker/warm-manifest.yaml";
 constexpr int kSampleKernels = 6;  // 4 specs; two for both archs
@@ -37,9 +37,7 @@ json ParseJson(const ToolRun& r) {
   return j;
 }
 
-void WriteFile(const std::string& path, const std::string& text) {
-  std::ofstream(path) << text;
-}
+void WriteFile(const std::string& path, const std::string& text) { std::ofstream(path) << text; }
 
 // The pipeline of docs/ops.md "CI pre-population", step by step.
 TEST(KcacheE2E, WarmExportImportThenANewDaemonServesEveryEntryAsAHit) {
@@ -84,7 +82,8 @@ TEST(KcacheE2E, WarmExportImportThenANewDaemonServesEveryEntryAsAHit) {
 
   ToolRun verify = RunTool(dir.path(), {"--socket", node.socket(), "verify"});
   EXPECT_EQ(verify.exit_code, 0) << Describe(verify);
-  EXPECT_THAT(verify.out, HasSubstr(absl::StrCat("checked ", kSampleKernels, " entries, 0 corrupt")));
+  EXPECT_THAT(verify.out,
+              HasSubstr(absl::StrCat("checked ", kSampleKernels, " entries, 0 corrupt")));
 }
 
 TEST(KcacheE2E, WarmListsEverySpecThatFailedAndWhyAndExitsOne) {

@@ -211,9 +211,9 @@ class StoreAdmin final : public Admin {
       Nvrtc nvrtc;
       auto tc = NvrtcToolchain(nvrtc);
       if (!tc.ok()) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "cannot tell this machine's toolchain (", tc.status().message(),
-            "); pass --toolchain ID or --allow-foreign-toolchain"));
+        return absl::FailedPreconditionError(
+            absl::StrCat("cannot tell this machine's toolchain (", tc.status().message(),
+                         "); pass --toolchain ID or --allow-foreign-toolchain"));
       }
       o.expected_toolchain_id = tc->id();
     }
@@ -260,9 +260,10 @@ absl::StatusOr<std::unique_ptr<Admin>> OpenStore(const std::string& dir, const C
   if (!store.ok()) {
     if (absl::IsFailedPrecondition(store.status()) &&
         absl::StrContains(store.status().message(), "locked")) {
-      return absl::UnavailableError(absl::StrCat(
-          "the store ", dir, " is held by a running daemon; this command changes the store, "
-          "so run it through the daemon (--socket PATH)"));
+      return absl::UnavailableError(
+          absl::StrCat("the store ", dir,
+                       " is held by a running daemon; this command changes the store, "
+                       "so run it through the daemon (--socket PATH)"));
     }
     if (absl::IsNotFound(store.status())) {
       return absl::UnavailableError(absl::StrCat("no kcache store at ", dir));
@@ -274,8 +275,7 @@ absl::StatusOr<std::unique_ptr<Admin>> OpenStore(const std::string& dir, const C
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Admin>> Connect(const ConnectOptions& o, bool mutate,
-                                               bool create) {
+absl::StatusOr<std::unique_ptr<Admin>> Connect(const ConnectOptions& o, bool mutate, bool create) {
   int given = !o.socket.empty() + !o.target.empty() + !o.store.empty();
   if (given > 1) {
     return absl::InvalidArgumentError("give at most one of --socket, --target and --store");

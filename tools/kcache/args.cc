@@ -38,8 +38,8 @@ absl::StatusOr<ParsedArgs> ParseArgs(const std::vector<std::string>& argv,
         has_value = true;
       }
     }
-    auto spec = std::find_if(known.begin(), known.end(),
-                             [&](const FlagSpec& f) { return f.name == name; });
+    auto spec =
+        std::find_if(known.begin(), known.end(), [&](const FlagSpec& f) { return f.name == name; });
     if (spec == known.end()) {
       return absl::InvalidArgumentError(absl::StrCat("unknown flag --", name));
     }
@@ -68,12 +68,23 @@ bool ParseUnitDuration(const std::string& text, absl::Duration* out) {
   int64_t n = 0;
   if (!absl::SimpleAtoi(text.substr(0, text.size() - 1), &n) || n < 0) return false;
   switch (unit) {
-    case 's': *out = absl::Seconds(n); return true;
-    case 'm': *out = absl::Minutes(n); return true;
-    case 'h': *out = absl::Hours(n); return true;
-    case 'd': *out = absl::Hours(24 * n); return true;
-    case 'w': *out = absl::Hours(24 * 7 * n); return true;
-    default: return false;
+    case 's':
+      *out = absl::Seconds(n);
+      return true;
+    case 'm':
+      *out = absl::Minutes(n);
+      return true;
+    case 'h':
+      *out = absl::Hours(n);
+      return true;
+    case 'd':
+      *out = absl::Hours(24 * n);
+      return true;
+    case 'w':
+      *out = absl::Hours(24 * 7 * n);
+      return true;
+    default:
+      return false;
   }
 }
 
@@ -109,11 +120,20 @@ absl::StatusOr<uint64_t> ParseBytes(const std::string& text) {
   uint64_t mult = 1;
   if (!s.empty()) {
     switch (s.back()) {
-      case 'K': mult = uint64_t{1} << 10; break;
-      case 'M': mult = uint64_t{1} << 20; break;
-      case 'G': mult = uint64_t{1} << 30; break;
-      case 'T': mult = uint64_t{1} << 40; break;
-      default: break;
+      case 'K':
+        mult = uint64_t{1} << 10;
+        break;
+      case 'M':
+        mult = uint64_t{1} << 20;
+        break;
+      case 'G':
+        mult = uint64_t{1} << 30;
+        break;
+      case 'T':
+        mult = uint64_t{1} << 40;
+        break;
+      default:
+        break;
     }
     if (mult != 1) s.pop_back();
   }

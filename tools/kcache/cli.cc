@@ -48,7 +48,8 @@ const std::vector<FlagSpec>& GlobalFlags() {
 const std::vector<FlagSpec> kFilterFlags = {
     {"toolchain", true, "ID", "only entries of this toolchain (16 hex digits, or 'current')"},
     {"arch", true, "ARCH", "only entries for this architecture, e.g. sm_90a"},
-    {"mask", true, "KIND", "only this mask kind: none, causal, sliding_window, document, drafter, expr"},
+    {"mask", true, "KIND",
+     "only this mask kind: none, causal, sliding_window, document, drafter, expr"},
     {"created-before", true, "WHEN", "only entries created before WHEN"},
     {"unused-since", true, "WHEN", "only entries not used since WHEN (or never used)"},
     {"pinned", false, "", "only pinned entries"},
@@ -71,42 +72,86 @@ std::vector<FlagSpec> With(std::vector<FlagSpec> a, const std::vector<FlagSpec>&
 
 const std::vector<Command>& Commands() {
   static const auto* c = new std::vector<Command>{
-      {"status", "", 0, 0, false,
-       "the daemon, toolchain, devices, queues, store size and entries per toolchain", {}},
-      {"stats", "", 0, 0, false,
-       "counters (requests, hits, compiles) and entries/bytes per toolchain and arch", {}},
+      {"status",
+       "",
+       0,
+       0,
+       false,
+       "the daemon, toolchain, devices, queues, store size and entries per toolchain",
+       {}},
+      {"stats",
+       "",
+       0,
+       0,
+       false,
+       "counters (requests, hits, compiles) and entries/bytes per toolchain and arch",
+       {}},
       {"ls", "", 0, 0, false, "list entries",
        With(kFilterFlags,
             {{"sort", true, "ORDER", "created | last-used | size | hits (newest/largest first)"},
              {"limit", true, "N", "show at most N entries"},
              {"full-keys", false, "", "print whole keys (82 hex digits)"}})},
-      {"show", "KEY", 1, 1, false,
+      {"show",
+       "KEY",
+       1,
+       1,
+       false,
        "one entry: spec, launch facts, resources, compile log, use (KEY: hex or unique prefix)",
        {}},
-      {"warm", "MANIFEST", 1, 1, false,
+      {"warm",
+       "MANIFEST",
+       1,
+       1,
+       false,
        "compile every spec x arch of a manifest through the daemon (no GPU needed)",
        {{"jobs", true, "N", "concurrent requests (default 4)"},
         {"deadline", true, "DURATION", "per kernel (default 10m)"}}},
       {"export", "", 0, 0, false, "write matching entries to a bundle file",
        With({{"out", true, "FILE", "the bundle to write (required)"}}, kFilterFlags)},
-      {"import", "FILE", 1, 1, true, "import a bundle (every digest is checked first)",
+      {"import",
+       "FILE",
+       1,
+       1,
+       true,
+       "import a bundle (every digest is checked first)",
        {{"allow-foreign-toolchain", false, "", "accept entries of another toolchain"},
-        {"toolchain", true, "ID", "with --store: the toolchain the bundle must be of "
-                                  "(default: this machine's NVRTC)"}}},
-      {"invalidate", "[KEY]", 0, 1, true,
+        {"toolchain", true, "ID",
+         "with --store: the toolchain the bundle must be of "
+         "(default: this machine's NVRTC)"}}},
+      {"invalidate",
+       "[KEY]",
+       0,
+       1,
+       true,
        "remove entries: of a toolchain, of an arch, created before a time, or one KEY",
        {{"toolchain", true, "ID", "every entry of this toolchain (16 hex digits)"},
         {"arch", true, "ARCH", "every entry for this architecture"},
         {"before", true, "WHEN", "every entry created before WHEN"}}},
-      {"gc", "", 0, 0, true, "evict least-recently-used entries until the cubins fit in N bytes",
+      {"gc",
+       "",
+       0,
+       0,
+       true,
+       "evict least-recently-used entries until the cubins fit in N bytes",
        {{"max-bytes", true, "N", "the budget, e.g. 10G (required)"},
-        {"grace", true, "DURATION", "never evict entries used this recently (default: the "
-                                    "daemon's / 10m)"}}},
-      {"pin", "KEY", 1, 1, true, "protect an entry from eviction",
+        {"grace", true, "DURATION",
+         "never evict entries used this recently (default: the "
+         "daemon's / 10m)"}}},
+      {"pin",
+       "KEY",
+       1,
+       1,
+       true,
+       "protect an entry from eviction",
        {{"reason", true, "TEXT", "why (kept with the pin)"}}},
       {"unpin", "KEY", 1, 1, true, "remove an entry's pin", {}},
-      {"verify", "", 0, 0, true,
-       "re-hash every cubin; quarantine and report corrupt entries (exit 1 if any)", {}},
+      {"verify",
+       "",
+       0,
+       0,
+       true,
+       "re-hash every cubin; quarantine and report corrupt entries (exit 1 if any)",
+       {}},
   };
   return *c;
 }
@@ -146,8 +191,9 @@ std::string CommandHelp(const Command& c) {
     absl::StrAppend(&s, "\nflags:\n");
     for (const FlagSpec& f : c.flags) absl::StrAppend(&s, FlagLine(f));
   }
-  absl::StrAppend(&s, "\nglobal flags: --socket PATH | --target T | --store DIR, --json, "
-                      "--timeout DURATION (see kcache --help)\n");
+  absl::StrAppend(&s,
+                  "\nglobal flags: --socket PATH | --target T | --store DIR, --json, "
+                  "--timeout DURATION (see kcache --help)\n");
   return s;
 }
 
@@ -203,9 +249,8 @@ class Cli {
       return kExitOk;
     }
     if (a_.positional.size() < cmd_->min_pos || a_.positional.size() > cmd_->max_pos) {
-      return Usage(cmd_->max_pos == 0
-                       ? absl::StrCat("unexpected argument '", a_.positional[0], "'")
-                       : absl::StrCat("expects ", cmd_->args));
+      return Usage(cmd_->max_pos == 0 ? absl::StrCat("unexpected argument '", a_.positional[0], "'")
+                                      : absl::StrCat("expects ", cmd_->args));
     }
     json_ = a_.has("json");
     conn_.socket = a_.get("socket");
@@ -218,15 +263,18 @@ class Cli {
     if (a_.has("timeout")) {
       auto t = ParseDurationArg(a_.get("timeout"));
       if (!t.ok() || *t <= absl::ZeroDuration()) {
-        return Usage(absl::StrCat("--timeout: ", t.ok() ? "must be positive" : t.status().message()));
+        return Usage(
+            absl::StrCat("--timeout: ", t.ok() ? "must be positive" : t.status().message()));
       }
       conn_.rpc_timeout = *t;
     }
     static const std::map<std::string, int (Cli::*)()> kRun = {
-        {"status", &Cli::Status}, {"stats", &Cli::Stats},   {"ls", &Cli::Ls},
-        {"show", &Cli::Show},     {"warm", &Cli::Warm},     {"export", &Cli::Export},
-        {"import", &Cli::Import}, {"invalidate", &Cli::Invalidate}, {"gc", &Cli::Gc},
-        {"pin", &Cli::Pin},       {"unpin", &Cli::Unpin},   {"verify", &Cli::Verify}};
+        {"status", &Cli::Status}, {"stats", &Cli::Stats},
+        {"ls", &Cli::Ls},         {"show", &Cli::Show},
+        {"warm", &Cli::Warm},     {"export", &Cli::Export},
+        {"import", &Cli::Import}, {"invalidate", &Cli::Invalidate},
+        {"gc", &Cli::Gc},         {"pin", &Cli::Pin},
+        {"unpin", &Cli::Unpin},   {"verify", &Cli::Verify}};
     return (this->*kRun.at(cmd_->name))();
   }
 
@@ -274,7 +322,8 @@ class Cli {
     if (a_.has("toolchain")) {
       std::string id = a_.get("toolchain");
       if (id != "current" && !ParseToolchainIdHex(id).ok()) {
-        exit_ = Usage(absl::StrCat("--toolchain: '", id, "' is not a 16-digit hex id or 'current'"));
+        exit_ =
+            Usage(absl::StrCat("--toolchain: '", id, "' is not a 16-digit hex id or 'current'"));
         return false;
       }
       f->set_toolchain_id(id);
@@ -282,10 +331,11 @@ class Cli {
     if (a_.has("arch")) f->set_arch(a_.get("arch"));
     if (a_.has("mask")) {
       static const std::vector<std::string> kKinds = {"none",     "causal",  "sliding_window",
-                                                       "document", "drafter", "expr"};
+                                                      "document", "drafter", "expr"};
       std::string m = a_.get("mask");
       if (std::find(kKinds.begin(), kKinds.end(), m) == kKinds.end()) {
-        exit_ = Usage(absl::StrCat("--mask: '", m, "' is not one of ", absl::StrJoin(kKinds, ", ")));
+        exit_ =
+            Usage(absl::StrCat("--mask: '", m, "' is not one of ", absl::StrJoin(kKinds, ", ")));
         return false;
       }
       f->set_mask_kind(m);
@@ -319,8 +369,9 @@ class Cli {
     auto s = admin.Stats();
     if (!s.ok()) return s.status();
     if (s->toolchain().id().empty()) {
-      return absl::FailedPreconditionError("--toolchain current: the current toolchain is unknown "
-                                           "(no daemon, and NVRTC does not load here)");
+      return absl::FailedPreconditionError(
+          "--toolchain current: the current toolchain is unknown "
+          "(no daemon, and NVRTC does not load here)");
     }
     f->set_toolchain_id(s->toolchain().id());
     return absl::OkStatus();
@@ -386,8 +437,8 @@ class Cli {
         << "\n";
       std::vector<std::string> qs;
       for (const auto& q : s->queues()) {
-        qs.push_back(absl::StrCat(q.name(), " ", q.busy() ? "busy" : "idle", ", ", q.depth(),
-                                  " queued"));
+        qs.push_back(
+            absl::StrCat(q.name(), " ", q.busy() ? "busy" : "idle", ", ", q.depth(), " queued"));
       }
       o << "queues      " << (qs.empty() ? std::string("none yet") : absl::StrJoin(qs, "; "))
         << "\n";
@@ -397,8 +448,9 @@ class Cli {
       << " quarantined\n\n";
     Table t({"TOOLCHAIN", "ENTRIES", "BYTES", "ARCHS", ""}, {false, true, true, false, false});
     for (const auto& [id, r] : ByToolchain(*s)) {
-      t.Add({id, absl::StrCat(r.entries), HumanBytes(r.bytes), absl::StrJoin(r.archs, ","),
-             id == tc.id() ? "current" : "other: never served; kcache invalidate --toolchain " + id});
+      t.Add(
+          {id, absl::StrCat(r.entries), HumanBytes(r.bytes), absl::StrJoin(r.archs, ","),
+           id == tc.id() ? "current" : "other: never served; kcache invalidate --toolchain " + id});
     }
     if (t.size() == 0) {
       o << "(no entries)\n";
@@ -472,8 +524,10 @@ class Cli {
       std::stable_sort(entries.begin(), entries.end(),
                        [&](const auto& x, const auto& y) { return f(x) > f(y); });
     };
-    if (sort == "created") by([](const v1::EntrySummary& e) { return e.record().created_unix_ms(); });
-    if (sort == "last-used") by([](const v1::EntrySummary& e) { return e.access().last_used_unix_ms(); });
+    if (sort == "created")
+      by([](const v1::EntrySummary& e) { return e.record().created_unix_ms(); });
+    if (sort == "last-used")
+      by([](const v1::EntrySummary& e) { return e.access().last_used_unix_ms(); });
     if (sort == "size") by([](const v1::EntrySummary& e) { return e.record().cubin_size(); });
     if (sort == "hits") by([](const v1::EntrySummary& e) { return e.access().hits(); });
     if (entries.size() > limit) entries.resize(limit);
@@ -560,9 +614,10 @@ class Cli {
 
   int Warm() {
     if (!conn_.store.empty()) {
-      return Usage("warm compiles through a daemon, not on a store directly; start one first: "
-                   "kcached --compile_only --store_path=DIR --socket_path=SOCK & then kcache "
-                   "warm --socket SOCK MANIFEST");
+      return Usage(
+          "warm compiles through a daemon, not on a store directly; start one first: "
+          "kcached --compile_only --store_path=DIR --socket_path=SOCK & then kcache "
+          "warm --socket SOCK MANIFEST");
     }
     WarmOptions wo;
     if (a_.has("jobs")) {
@@ -575,7 +630,8 @@ class Cli {
     if (a_.has("deadline")) {
       auto d = ParseDurationArg(a_.get("deadline"));
       if (!d.ok() || *d <= absl::ZeroDuration()) {
-        return Usage(absl::StrCat("--deadline: ", d.ok() ? "must be positive" : d.status().message()));
+        return Usage(
+            absl::StrCat("--deadline: ", d.ok() ? "must be positive" : d.status().message()));
       }
       wo.deadline = *d;
     }
@@ -604,8 +660,8 @@ class Cli {
         bar.Update(done, absl::StrCat(compiled, " compiled, ", cached, " cached, ", failed,
                                       " failed  ", label));
       } else if (!json_) {
-        io_.err << absl::StrFormat("[%d/%d] %-8s %s (%.1f s)%s\n", done, items->size(), what,
-                                   label, absl::ToDoubleSeconds(r.elapsed),
+        io_.err << absl::StrFormat("[%d/%d] %-8s %s (%.1f s)%s\n", done, items->size(), what, label,
+                                   absl::ToDoubleSeconds(r.elapsed),
                                    r.status.ok() ? "" : ": " + std::string(r.status.message()));
       }
     };
@@ -617,7 +673,9 @@ class Cli {
       for (const auto& r : results) {
         arr.push_back({{"name", r.item.name},
                        {"arch", r.item.arch},
-                       {"result", !r.status.ok() ? "failed" : r.hit ? "cached" : "compiled"},
+                       {"result", !r.status.ok() ? "failed"
+                                  : r.hit        ? "cached"
+                                                 : "compiled"},
                        {"key", r.status.ok() ? KeyToHex(r.key) : ""},
                        {"error", std::string(r.status.message())},
                        {"seconds", absl::ToDoubleSeconds(r.elapsed)}});
@@ -712,8 +770,8 @@ class Cli {
     const std::string file = a_.positional[0];
     if (a_.has("toolchain")) {
       if (!ParseToolchainIdHex(a_.get("toolchain")).ok()) {
-        return Usage(absl::StrCat("--toolchain: '", a_.get("toolchain"),
-                                  "' is not a 16-digit hex id"));
+        return Usage(
+            absl::StrCat("--toolchain: '", a_.get("toolchain"), "' is not a 16-digit hex id"));
       }
       if (conn_.store.empty()) return Usage("--toolchain is for --store (a daemon uses its own)");
       conn_.toolchain_id = a_.get("toolchain");
@@ -729,9 +787,8 @@ class Cli {
     if (!admin) return exit_;
     Progress bar(io_.err, io_.tty && !json_, "import", bytes->size());
     const bool foreign = a_.has("allow-foreign-toolchain");
-    auto r = admin->Import(*bytes, foreign, [&](uint64_t sent) {
-      bar.Update(sent, HumanBytes(sent));
-    });
+    auto r =
+        admin->Import(*bytes, foreign, [&](uint64_t sent) { bar.Update(sent, HumanBytes(sent)); });
     bar.Finish();
     if (!r.ok()) {
       int code = Fail(r.status(), file);
@@ -762,8 +819,8 @@ class Cli {
     if (a_.has("toolchain")) {
       ++given;
       if (!ParseToolchainIdHex(a_.get("toolchain")).ok()) {
-        return Usage(absl::StrCat("--toolchain: '", a_.get("toolchain"),
-                                  "' is not a 16-digit hex id"));
+        return Usage(
+            absl::StrCat("--toolchain: '", a_.get("toolchain"), "' is not a 16-digit hex id"));
       }
       req.set_toolchain_id(a_.get("toolchain"));
     }
@@ -783,7 +840,8 @@ class Cli {
       if (!CheckKeyArg(a_.positional[0])) return exit_;
       req.set_key(a_.positional[0]);
     }
-    if (given != 1) return Usage("give exactly one of --toolchain ID, --arch ARCH, --before WHEN, KEY");
+    if (given != 1)
+      return Usage("give exactly one of --toolchain ID, --arch ARCH, --before WHEN, KEY");
     auto admin = Open();
     if (!admin) return exit_;
     auto r = admin->Invalidate(req);

@@ -19,9 +19,9 @@ enum ExitCode : int {
 };
 
 struct CliIo {
-  std::ostream& out;   // results
-  std::ostream& err;   // errors ("kcache: ..."), progress
-  bool tty = false;    // err is a terminal: draw progress bars
+  std::ostream& out;  // results
+  std::ostream& err;  // errors ("kcache: ..."), progress
+  bool tty = false;   // err is a terminal: draw progress bars
 };
 
 // Runs one command; `args` excludes the program name. Returns an ExitCode.

@@ -124,11 +124,10 @@ absl::StatusOr<std::vector<WarmItem>> ParseManifest(std::string_view text) {
       return absl::InvalidArgumentError(
           absl::StrCat(where, ": no archs (give 'archs' here or at the top)"));
     }
-    std::string name =
-        e["name"] ? e["name"].as<std::string>() : attention::DescribeSpec(*spec);
+    std::string name = e["name"] ? e["name"].as<std::string>() : attention::DescribeSpec(*spec);
     if (!names.insert(name).second) {
-      return absl::InvalidArgumentError(absl::StrCat(where, ": the name '", name,
-                                                     "' is used twice (names must be unique)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": the name '", name, "' is used twice (names must be unique)"));
     }
     for (const std::string& arch : archs) out.push_back({name, *spec, arch});
   }

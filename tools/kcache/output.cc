@@ -40,8 +40,8 @@ void Table::Print(std::ostream& out) const {
 namespace {
 
 const std::set<std::string>& HexFields() {
-  static const auto* s = new std::set<std::string>{
-      "key", "cubin_sha256", "quarantined_keys", "key_prefix", "page_token", "next_page_token"};
+  static const auto* s = new std::set<std::string>{"key",        "cubin_sha256", "quarantined_keys",
+                                                   "key_prefix", "page_token",   "next_page_token"};
   return *s;
 }
 

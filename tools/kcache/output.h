@@ -35,9 +35,9 @@ class Table {
 // "next_page_token") as lower-case hex instead of base64.
 nlohmann::json ProtoToJson(const google::protobuf::Message& m);
 
-std::string HumanBytes(uint64_t bytes);         // "1.5 MiB"; exact below 1 KiB
-std::string FormatUnixMs(int64_t unix_ms);      // "2026-11-30 12:00:03Z"; "-" for 0
-std::string ShortKey(const std::string& key);   // first 28 hex digits of a binary key
+std::string HumanBytes(uint64_t bytes);        // "1.5 MiB"; exact below 1 KiB
+std::string FormatUnixMs(int64_t unix_ms);     // "2026-11-30 12:00:03Z"; "-" for 0
+std::string ShortKey(const std::string& key);  // first 28 hex digits of a binary key
 
 // Progress of a batch of `total` steps on `err`. On a terminal, one line
 // redrawn in place ("label [#####-----] 3/10 detail"); otherwise nothing

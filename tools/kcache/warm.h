@@ -27,7 +27,7 @@ struct WarmResult {
 };
 
 struct WarmOptions {
-  int jobs = 4;                               // concurrent requests
+  int jobs = 4;                                 // concurrent requests
   absl::Duration deadline = absl::Minutes(10);  // per request
   // Called once per finished item, serialized (never concurrently), with the
   // number finished so far.
