@@ -86,7 +86,10 @@ constexpr bool kWgmma = false;
 #ifndef KC_SM90A_PINGPONG
 #define KC_SM90A_PINGPONG 1
 #endif
-constexpr bool kPingpong = kWgmma && KC_SM90A_PINGPONG && kNW == 8 && kStages == 2;
+// Head dim 64 runs a little slower ping-ponged (285 against 293 TFLOP/s,
+// causal B8 H32 S2048 on an H200; kernels/NOTES.md): its GEMMs are too short.
+constexpr bool kPingpong =
+    kWgmma && KC_SM90A_PINGPONG && kNW == 8 && kStages == 2 && kDQK >= 128;
 // sm_90a with 3+ stages: softmax overlaps the previous tile's P V wgmma.
 constexpr bool kOverlap = kWgmma && !kPingpong && kStages >= 3;
 // Tiles in flight ahead of the one computed.
@@ -627,7 +630,8 @@ extern "C" __global__ void __launch_bounds__(KC_NUM_WARPS * 32)
   // Visibility of a partial tile, per element, before any MMA: bits of this
   // thread's elements. Returns the warp's class: 0 when none of its rows
   // sees the tile (mma.sync skips it; wgmma, collective over the warpgroup,
-  // takes part with every element masked), 2 when all see all of it.
+  // takes part in the MMAs but skips the softmax and adds P = 0), 2 when all
+  // see all of it.
   auto visibility = [&](int n0, unsigned (&vbits)[kVW]) -> int {
 #pragma unroll
     for (int w = 0; w < kVW; ++w) vbits[w] = 0u;
@@ -683,7 +687,7 @@ extern "C" __global__ void __launch_bounds__(KC_NUM_WARPS * 32)
     any = __any_sync(0xffffffffu, any);
     all = __all_sync(0xffffffffu, all);
     const int wcls = any ? (all ? 2 : 1) : 0;
-    return (kWgmma && wcls == 0) ? 1 : wcls;
+    return wcls;
   };
 
   // Score modification (to the log2 domain unless folded) and the mask.
@@ -918,11 +922,16 @@ extern "C" __global__ void __launch_bounds__(KC_NUM_WARPS * 32)
       }
       wgmma_wait<0>();
       fence_regs(s[0]);
-      score_and_mask(s, n0, wcls, vbits);
-      softmax(s, alpha);
-      rescale_o(alpha);
       unsigned pa[kKV][4];
-      pack_p(s, pa);
+      if (wcls != 0) {
+        score_and_mask(s, n0, wcls, vbits);
+        softmax(s, alpha);
+        rescale_o(alpha);
+        pack_p(s, pa);
+      } else {
+#pragma unroll
+        for (int kk = 0; kk < kKV; ++kk) pa[kk][0] = pa[kk][1] = pa[kk][2] = pa[kk][3] = 0u;
+      }
       named_bar_sync(1 + wg, kThreads);
       pv_wgmma(pa, stage);
       if (wg == 0 || i + 1 < n_iter) named_bar_arrive(2 - wg, kThreads);
@@ -955,7 +964,7 @@ extern "C" __global__ void __launch_bounds__(KC_NUM_WARPS * 32)
       const int n0 = tile * kBN;
       unsigned vbits[kVW];
       const int wcls = cls == 2 ? 2 : visibility(n0, vbits);
-      if (wcls != 0) {
+      if (kWgmma || wcls != 0) {
         float s[kMT][kNT][4];
         float alpha[kMT][2];
 #if KC_ARCH_SM90A
@@ -963,11 +972,16 @@ extern "C" __global__ void __launch_bounds__(KC_NUM_WARPS * 32)
           qk_wgmma(s, stage);
           wgmma_wait<0>();
           fence_regs(s[0]);
-          score_and_mask(s, n0, wcls, vbits);
-          softmax(s, alpha);
-          rescale_o(alpha);
           unsigned pa[kKV][4];
-          pack_p(s, pa);
+          if (wcls != 0) {
+            score_and_mask(s, n0, wcls, vbits);
+            softmax(s, alpha);
+            rescale_o(alpha);
+            pack_p(s, pa);
+          } else {
+#pragma unroll
+            for (int kk = 0; kk < kKV; ++kk) pa[kk][0] = pa[kk][1] = pa[kk][2] = pa[kk][3] = 0u;
+          }
           pv_wgmma(pa, stage);
           wgmma_wait<0>();
           fence_regs(o[0]);
@@ -1018,14 +1032,21 @@ extern "C" __global__ void __launch_bounds__(KC_NUM_WARPS * 32)
         wgmma_wait<0>();
       }
       fence_regs(s[0]);
-      score_and_mask(s, n0, wcls, vbits);
-      softmax(s, alpha);
+      if (wcls != 0) {
+        score_and_mask(s, n0, wcls, vbits);
+        softmax(s, alpha);
+      }
       if (i > 0) {
         wgmma_wait<0>();
         fence_regs(o[0]);
       }
-      rescale_o(alpha);
-      pack_p(s, pa);
+      if (wcls != 0) {
+        rescale_o(alpha);
+        pack_p(s, pa);
+      } else {
+#pragma unroll
+        for (int kk = 0; kk < kKV; ++kk) pa[kk][0] = pa[kk][1] = pa[kk][2] = pa[kk][3] = 0u;
+      }
       prev_stage = stage;
       stage = stage + 1 == kStages ? 0 : stage + 1;
       pstage = pstage + 1 == kStages ? 0 : pstage + 1;

@@ -89,9 +89,12 @@ KC_TILES_HD constexpr AttentionTiles MakeAttentionTiles(int block_m, int block_n
 
 // The default configuration for a spec, or all zeros when the combination is
 // unsupported. mask_kind is a KC_MASK_* value; is_fp16 selects fp16 over
-// bf16 (both 2-byte, same tiles today).
+// bf16 (both 2-byte, same tiles today). sm90a: the target is sm_90a
+// (KC_ARCH_SM90A), where warpgroup-shaped tiles (16 rows per warp, 8 warps)
+// run the wgmma path of attention_fwd.cuh.
 KC_TILES_HD constexpr AttentionTiles SelectAttentionTiles(int arch, int head_dim_qk, int head_dim_v,
-                                              int mask_kind, bool is_fp16) {
+                                                          int mask_kind, bool is_fp16,
+                                                          bool sm90a = false) {
   (void)mask_kind;
   (void)is_fp16;
   const AttentionTiles zero{0, 0, 0, 0, 0};
@@ -100,11 +103,14 @@ KC_TILES_HD constexpr AttentionTiles SelectAttentionTiles(int arch, int head_dim
     return zero;
   }
   const int dmax = head_dim_qk > head_dim_v ? head_dim_qk : head_dim_v;
-  // Measured on an H200 (kernels/NOTES.md): 32 rows per warp, and block_n 32
-  // for head dim 128, which keeps the S and O accumulators within the
-  // register file without spills.
+  // Measured on an H200 (kernels/NOTES.md). mma.sync: 32 rows per warp, and
+  // block_n 32 for head dim 128, which keeps the S and O accumulators within
+  // the register file without spills. wgmma (sm_90a): two warpgroups of 64
+  // rows; block_n 128 for head dim 128 (ping-pong), 64 for head dim 64.
   AttentionTiles t = zero;
-  if (dmax <= 64) {
+  if (arch == 90 && sm90a && dmax <= 128) {
+    t = MakeAttentionTiles(128, dmax <= 64 ? 64 : 128, 8, 2, head_dim_qk, head_dim_v);
+  } else if (dmax <= 64) {
     t = MakeAttentionTiles(128, 64, 4, 2, head_dim_qk, head_dim_v);
   } else if (dmax <= 128) {
     t = MakeAttentionTiles(128, 32, 4, 2, head_dim_qk, head_dim_v);

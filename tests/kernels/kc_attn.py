@@ -36,10 +36,13 @@ def smem_bytes(bm, bn, stages, dqk, dv, elem=2):
             + 64 + 1024)
 
 
-def select_tiles(arch, dqk, dv):
+def select_tiles(arch, dqk, dv, sm90a=False):
     """kcache::SelectAttentionTiles without smem_bytes (None when unsupported)."""
     dmax = max(dqk, dv)
-    t = (128, 64, 4, 2) if dmax <= 64 else (128, 32, 4, 2) if dmax <= 128 else (64, 32, 4, 2)
+    if arch == 90 and sm90a and dmax <= 128:
+        t = (128, 64 if dmax <= 64 else 128, 8, 2)
+    else:
+        t = (128, 64, 4, 2) if dmax <= 64 else (128, 32, 4, 2) if dmax <= 128 else (64, 32, 4, 2)
     limit = {80: 166912, 86: 101376, 89: 101376, 90: 232448}.get(arch, 0)
     if dqk not in (64, 128, 256) or dv not in (64, 128, 256) or smem_bytes(t[0], t[1], t[3], dqk, dv) > limit:
         return None
@@ -49,24 +52,27 @@ def select_tiles(arch, dqk, dv):
 def check_tiles_against_header():
     """SelectAttentionTiles from kernels/attention_tiles.h (through NVRTC) == select_tiles()."""
     import re
-    combos = [(a, q, v) for a in (80, 86, 89, 90) for q in (64, 128, 256) for v in (64, 128, 256)]
+    combos = [(a, q, v, x) for a in (80, 86, 89, 90) for q in (64, 128, 256)
+              for v in (64, 128, 256) for x in (False, True)]
     src = ['#include "attention_tiles.h"']
-    for i, (a, q, v) in enumerate(combos):
+    for i, (a, q, v, x) in enumerate(combos):
         src.append('extern "C" __global__ void probe_t%d(long long* o) { constexpr auto t = '
-                   'kcache::SelectAttentionTiles(%d, %d, %d, 0, false); *o = (long long)t.block_m'
-                   ' | ((long long)t.block_n << 12) | ((long long)t.num_warps << 24) | '
-                   '((long long)t.stages << 32) | ((long long)t.smem_bytes << 40); }' % (i, a, q, v))
+                   'kcache::SelectAttentionTiles(%d, %d, %d, 0, false, %s); *o = (long long)'
+                   't.block_m | ((long long)t.block_n << 12) | ((long long)t.num_warps << 24) | '
+                   '((long long)t.stages << 32) | ((long long)t.smem_bytes << 40); }'
+                   % (i, a, q, v, "true" if x else "false"))
     ptx = _nvrtc_ptx("\n".join(src) + "\n")
     bad = []
-    for i, (a, q, v) in enumerate(combos):
+    for i, (a, q, v, x) in enumerate(combos):
         body = ptx.split(".entry probe_t%d(" % i, 1)[1].split("ret;", 1)[0]
         m = re.search(r"mov\.[ub]64\s+%rd\d+,\s*(-?\d+);", body)
-        x = int(m.group(1))
-        got = (x & 4095, (x >> 12) & 4095, (x >> 24) & 255, (x >> 32) & 255, x >> 40)
-        t = select_tiles(a, q, v)
+        val = int(m.group(1))
+        got = (val & 4095, (val >> 12) & 4095, (val >> 24) & 255, (val >> 32) & 255, val >> 40)
+        t = select_tiles(a, q, v, x)
         want = (t + (smem_bytes(t[0], t[1], t[3], q, v),)) if t else (0, 0, 0, 0, 0)
         if got != want:
-            bad.append("sm_%d %d/%d: header %s, python %s" % (a, q, v, got, want))
+            bad.append("sm_%d%s %d/%d: header %s, python %s" % (a, "a" if x else "", q, v, got,
+                                                                  want))
     if bad:
         raise RuntimeError("tile selection out of step: " + "; ".join(bad))
 
@@ -92,7 +98,8 @@ def make_spec(dtype="bf16", dqk=128, dv=None, mask="none", score="none", *, bott
                 drafter_causal=drafter_causal, drafter_window=drafter_window,
                 softcap=float(softcap), scale=float(scale if scale else 1.0 / math.sqrt(dqk)),
                 return_lse=return_lse, arch=arch, sm90a=sm90a,
-                tiles=tuple(tiles) if tiles else select_tiles(arch, dqk, dv) or (0, 0, 0, 0),
+                tiles=(tuple(tiles) if tiles else select_tiles(arch, dqk, dv, sm90a)
+                       or (0, 0, 0, 0)),
                 expr_mask_code=expr_mask_code, expr_score_code=expr_score_code,
                 extra_defines=tuple(extra_defines))
     return spec
