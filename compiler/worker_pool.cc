@@ -133,6 +133,10 @@ absl::StatusOr<std::unique_ptr<WorkerPool::Worker>> WorkerPool::Spawn() const {
 }
 
 std::string WorkerPool::Reap(Worker& w, bool kill_first) {
+  // Never signal a pid <= 0: kill(-1, ...) would hit every process we may
+  // signal, and kill(0, ...) our own process group. A worker already reaped
+  // has pid -1.
+  if (w.pid <= 0) return "compile worker already reaped";
   if (kill_first) kill(w.pid, SIGKILL);
   int status = 0;
   pid_t r;
