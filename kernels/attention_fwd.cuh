@@ -4,6 +4,15 @@
 // multi-stage K/V pipeline, XOR-swizzled shared memory (no bank conflicts),
 // online softmax in registers in the log2 domain.
 //
+// On sm_90a (KC_ARCH_SM90A) with warpgroup-shaped tiles (16 rows per warp,
+// whole warpgroups, head dims <= 128) the two GEMMs run as wgmma instead:
+// S = Q K^T with both operands in 128-byte-swizzled shared memory, O += P V
+// with P from registers (the S accumulator layout is the A-fragment layout)
+// and V read transposed. With two warpgroups and 2 stages they ping-pong
+// (FlashAttention-3): named barriers make them take turns issuing wgmma so
+// that one's softmax runs under the other's MMAs, and K/V tiles complete on
+// mbarriers (cp.async.mbarrier.arrive) instead of a CTA barrier per tile.
+//
 // One CTA computes block_m query rows of one (batch, query head); each warp
 // owns block_m / num_warps rows (16 or 32) and walks the key tiles that the
 // mask leaves visible:
@@ -13,7 +22,10 @@
 //     tiles from the anchors / sequence ids; expression masks read the
 //     classes written by kcache_attn_mask_build into p.tile_class).
 // Tiles are "full" (no per-element mask), "partial" (mask per element, and
-// the kv_len bound) or empty (never loaded, never computed).
+// the kv_len bound) or empty (never loaded, never computed). Partial tiles
+// are classified again per warp before any MMA: a warp that sees none of
+// the tile skips it (mma.sync) or its softmax (wgmma, which is collective),
+// a warp that sees all of it skips the per-element mask.
 //
 // Requirements on the launch (checked by the caller, not here): q, k, v, o
 // 16-byte aligned; the b/h/s strides of q, k, v multiples of 8 elements and
