@@ -87,7 +87,13 @@ constexpr float kMul = kFold ? kScale * kLog2e : 1.f;
 // sm_90a: warpgroup MMA (wgmma) when the tiles are warpgroup-shaped (16 rows
 // per warp, whole warpgroups of 64 rows); Q, K, V then live in the 128-byte
 // swizzled layout wgmma reads, and everything else is shared with mma.sync.
-#if KC_ARCH_SM90A
+// The wgmma helpers exist only where they can be used: on sm_90a with head
+// dims that warpgroup tiles support. Outside templates a discarded
+// `if constexpr` branch is still compiled, so this must be a preprocessor
+// condition (d256 would not compile against the d64/d128 helpers).
+#define KC_WGMMA_HEAD_DIMS \
+  (KC_ARCH_SM90A && KC_HEAD_DIM_QK <= 128 && KC_HEAD_DIM_V <= 128 && KC_HEAD_DIM_V >= 64)
+#if KC_WGMMA_HEAD_DIMS
 constexpr bool kWgmma = kWM == 16 && kNW % 4 == 0 && kDQK <= 128 && kDV <= 128 && kDV >= 64;
 #else
 constexpr bool kWgmma = false;
@@ -182,7 +188,7 @@ __device__ __forceinline__ void mma16816(float (&c)[4], const unsigned (&a)[4], 
 #endif
 }
 
-#if KC_ARCH_SM90A
+#if KC_WGMMA_HEAD_DIMS
 // wgmma (sm_90a) wrappers, one overload per N. A and B from shared memory (S = Q K^T,
 // both K-major) or A from registers and B N-major (O += P V). Generated text.
 #if KC_DTYPE_BF16
@@ -534,7 +540,7 @@ extern "C" __global__ void __launch_bounds__(KC_NUM_WARPS * 32)
   // ------------------------------------------------------------------------
   // Prologue of the K/V pipeline: tiles 0 .. kPrefetch - 1, one group each.
   // ------------------------------------------------------------------------
-#if KC_ARCH_SM90A
+#if KC_WGMMA_HEAD_DIMS
   // Ping-pong: full[s] completes when every thread's copies into stage s have
   // landed (kThreads arrivals); empty[s] when every warp is done with it.
   const unsigned bar_full = sQ + kBarOff;
@@ -860,7 +866,7 @@ extern "C" __global__ void __launch_bounds__(KC_NUM_WARPS * 32)
     }
   };
 
-#if KC_ARCH_SM90A
+#if KC_WGMMA_HEAD_DIMS
   // wgmma: S = Q K^T issued (not waited) for the tile in `stage`.
   auto qk_wgmma = [&](float (&s)[kMT][kNT][4], int stage) {
     // Q rows of this warpgroup: [D/64][kBM][64] -> rows 64 * (warp / 4).
@@ -899,7 +905,7 @@ extern "C" __global__ void __launch_bounds__(KC_NUM_WARPS * 32)
   };
 #endif
 
-#if KC_ARCH_SM90A
+#if KC_WGMMA_HEAD_DIMS
   if constexpr (kPingpong) {
     // Named barriers 1 and 2 order the warpgroups' wgmma issues: warpgroup w
     // waits on 1 + w, then lets the other go (arrive on 2 - w). Warpgroup 0
@@ -964,7 +970,7 @@ extern "C" __global__ void __launch_bounds__(KC_NUM_WARPS * 32)
         pstage = stage ^ 1;
       }
       cp_async_wait<kPrefetch - 1>();
-#if KC_ARCH_SM90A
+#if KC_WGMMA_HEAD_DIMS
       if constexpr (kWgmma) fence_proxy_async();  // cp.async writes -> wgmma reads
 #endif
       __syncthreads();
@@ -979,7 +985,7 @@ extern "C" __global__ void __launch_bounds__(KC_NUM_WARPS * 32)
       if (kWgmma || wcls != 0) {
         float s[kMT][kNT][4];
         float alpha[kMT][2];
-#if KC_ARCH_SM90A
+#if KC_WGMMA_HEAD_DIMS
         if constexpr (kWgmma) {
           qk_wgmma(s, stage);
           wgmma_wait<0>();
@@ -1013,7 +1019,7 @@ extern "C" __global__ void __launch_bounds__(KC_NUM_WARPS * 32)
       }
     }
   } else {
-#if KC_ARCH_SM90A
+#if KC_WGMMA_HEAD_DIMS
     // sm_90a, 3+ stages: softmax of tile i overlaps the P V wgmma of tile
     // i - 1 (FlashAttention-3's intra-warpgroup pipelining). O is rescaled
     // once that wgmma is done; the stage of tile i - 1 stays resident until

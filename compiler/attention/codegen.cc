@@ -81,7 +81,8 @@ absl::StatusOr<AttentionTiles> ChooseAttentionTiles(const v1::AttentionSpec& spe
   const int dqk = static_cast<int>(spec.head_dim_qk());
   const int dv = static_cast<int>(spec.head_dim_v() != 0 ? spec.head_dim_v() : spec.head_dim_qk());
   AttentionTiles t =
-      SelectAttentionTiles(arch.sm, dqk, dv, MaskKind(spec.mask()), spec.dtype() == v1::DTYPE_FP16);
+      SelectAttentionTiles(arch.sm, dqk, dv, MaskKind(spec.mask()),
+                           spec.dtype() == v1::DTYPE_FP16, arch.sm90a);
   if (t.block_m == 0) {
     return absl::InvalidArgumentError(absl::StrCat("spec.head_dim_qk: head dims ", dqk, "/", dv,
                                                    " have no attention tiles on sm_", arch.sm));
@@ -90,8 +91,20 @@ absl::StatusOr<AttentionTiles> ChooseAttentionTiles(const v1::AttentionSpec& spe
   if (u.block_m() == 0 && u.block_n() == 0 && u.num_warps() == 0 && u.stages() == 0) return t;
   const int bm = u.block_m() ? static_cast<int>(u.block_m()) : t.block_m;
   const int bn = u.block_n() ? static_cast<int>(u.block_n()) : t.block_n;
-  const int nw = u.num_warps() ? static_cast<int>(u.num_warps()) : t.num_warps;
   const int st = u.stages() ? static_cast<int>(u.stages()) : t.stages;
+  int nw = static_cast<int>(u.num_warps());
+  if (nw == 0) {
+    // Unset: keep the default's rows per warp if that is legal for the new
+    // block_m (the default may be a warpgroup shape), else 32 or 16 rows.
+    nw = t.num_warps;
+    for (int rows : {t.block_m / t.num_warps, 32, 16}) {
+      if (rows > 0 && bm % rows == 0 &&
+          AttentionTilesLegal(MakeAttentionTiles(bm, bn, bm / rows, st, dqk, dv), arch.sm, dqk, dv)) {
+        nw = bm / rows;
+        break;
+      }
+    }
+  }
   const AttentionTiles over = MakeAttentionTiles(bm, bn, nw, st, dqk, dv);
   if (!AttentionTilesLegal(over, arch.sm, dqk, dv)) {
     return absl::InvalidArgumentError(absl::StrCat(

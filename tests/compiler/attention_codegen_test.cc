@@ -87,7 +87,7 @@ TEST(CodegenTest, PreludeFollowsTheContract) {
   const v1::EntryPoint& fwd = g->entry_points[0];
   EXPECT_EQ(fwd.name(), "kcache_attn_fwd");
   EXPECT_EQ(fwd.role(), v1::ENTRY_ROLE_FORWARD);
-  const AttentionTiles t = SelectAttentionTiles(90, 128, 128, KC_MASK_CAUSAL, false);
+  const AttentionTiles t = SelectAttentionTiles(90, 128, 128, KC_MASK_CAUSAL, false, /*sm90a=*/true);
   EXPECT_EQ(fwd.threads(), static_cast<uint32_t>(t.num_warps * 32));
   EXPECT_EQ(fwd.dynamic_smem_bytes(), static_cast<uint32_t>(t.smem_bytes));
   EXPECT_EQ(fwd.block_m(), static_cast<uint32_t>(t.block_m));
