@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -33,7 +34,10 @@ class DaemonProcess {
 
   // Starts kcached and waits until its health service answers SERVING.
   void Start() {
-    std::vector<std::string> args = {KCACHE_TEST_KCACHED_PATH,
+    // KCACHE_TEST_KCACHED overrides the binary (e.g. the static build on the
+    // GPU machine). Later flags win, so extra_args may undo --compile_only.
+    const char* bin = std::getenv("KCACHE_TEST_KCACHED");
+    std::vector<std::string> args = {bin != nullptr ? bin : KCACHE_TEST_KCACHED_PATH,
                                      "--store_path=" + dir_ + "/store",
                                      "--socket_path=" + socket(),
                                      "--compile_only=true",
