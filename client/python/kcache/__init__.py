@@ -1,0 +1,45 @@
+"""kcache: finished attention kernels for PyTorch trainers, from the node daemon.
+
+The package never compiles. `Client.get_kernel` asks kcached (gRPC over its
+Unix socket) for a kernel by spec and returns the record and cubin;
+`attention_forward` loads that cubin with the CUDA driver (ctypes, once per
+kernel and CUDA context) and launches it on torch's current stream.
+
+Imports neither torch nor the CUDA driver until they are needed. The wire
+contract's Python modules (kcache/v1/*_pb2.py, generated into the build tree
+by client/python/CMakeLists.txt) are found on sys.path or in the folder named
+by $KCACHE_PROTO_PATH; see kcache._protos.
+"""
+
+from kcache import _protos
+
+_protos.extend_package_path(__path__)
+
+from kcache.errors import (  # noqa: E402
+    CompileError, DeadlineExceeded, KcacheError, InvalidSpec, Unavailable)
+from kcache.specs import (  # noqa: E402
+    Expr, alibi, buffer, causal, document, drafter, expr_mask, maximum, minimum, no_mask,
+    score_expr, sliding_window, softcap, spec, where, to_spec)
+from kcache.client import Client, KernelResult, default_client, arch_for_capability  # noqa: E402
+from kcache.params import ABI_VERSION, AttentionParams, KcBuffer  # noqa: E402
+from kcache.attention import attention_forward, validate_inputs  # noqa: E402
+
+
+
+def __getattr__(name):
+    # The index variables are Expr messages, built on first use so that the
+    # package imports before the generated modules are on the path.
+    if name in ("b", "h", "q_idx", "kv_idx", "score"):
+        from kcache import specs
+        return getattr(specs, name)
+    raise AttributeError("module 'kcache' has no attribute %r" % name)
+
+
+__all__ = [
+    "ABI_VERSION", "AttentionParams", "Client", "CompileError", "DeadlineExceeded", "Expr",
+    "InvalidSpec", "KcBuffer", "KcacheError", "KernelResult", "Unavailable", "alibi",
+    "arch_for_capability", "attention_forward", "b", "buffer", "causal", "default_client",
+    "document", "drafter", "expr_mask", "h", "kv_idx", "maximum", "minimum", "no_mask", "q_idx",
+    "score", "score_expr", "sliding_window", "softcap", "spec", "to_spec", "validate_inputs",
+    "where",
+]

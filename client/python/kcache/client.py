@@ -1,0 +1,276 @@
+"""kcache.Client: gets finished kernels from the node daemon (kcached) over gRPC.
+
+Thread-safety: a Client is safe for concurrent use from any number of
+threads; it holds one gRPC channel. Concurrent identical requests share one
+RPC and the answer is memoized per request (spec + target): a second call
+makes no RPC. Failures are not memoized. A kernel is loaded into a CUDA
+context once per (key, context) (Client.load). The client never compiles.
+
+While the daemon is unavailable (not started yet, restarting) a call retries
+with exponential backoff, within its deadline. Errors are kcache.errors:
+InvalidSpec (a ValueError naming the field), CompileError (with the log),
+Unavailable ("no kcache daemon at ..."), DeadlineExceeded.
+
+Ownership: loaded modules live until close() (unloaded then, in their own
+contexts; close the client before destroying those contexts).
+"""
+
+import os
+import re
+import threading
+import time
+
+from kcache import _protos, errors
+from kcache.specs import to_spec
+
+DEFAULT_TARGET = "unix:.kcache/kcached.sock"
+
+
+def arch_for_capability(major, minor):
+    """The target a device of this compute capability gets (as client/client.cc picks it):
+    the arch-specific variant from 9.0 on ("sm_90a"), since the cubin runs only here."""
+    return "sm_%d%d%s" % (major, minor, "a" if major >= 9 else "")
+
+
+class KernelResult:
+    """What get_kernel returns: the daemon's record (kcache.v1.KernelRecord), the cubin
+    bytes and whether the daemon served it from its store. Shared by every caller of the
+    same request: treat it as read-only."""
+
+    __slots__ = ("record", "cubin", "cache_hit")
+
+    def __init__(self, record, cubin, cache_hit):
+        self.record, self.cubin, self.cache_hit = record, cubin, cache_hit
+
+    @property
+    def key(self):
+        return self.record.key
+
+    def entry(self, role):
+        """The first EntryPoint with this role (kcache.v1.EntryRole value), or None."""
+        for e in self.record.entry_points:
+            if e.role == role:
+                return e
+        return None
+
+    def __repr__(self):
+        return "KernelResult(key=%s, arch=%s, %d bytes, cache_hit=%s, verified=%s)" % (
+            self.record.key.hex()[:16], self.record.arch, len(self.cubin), self.cache_hit,
+            self.record.verified)
+
+
+class _Flight:
+    """One in-progress fetch or load; its waiters share the outcome."""
+
+    __slots__ = ("done", "value", "error")
+
+    def __init__(self):
+        self.done = threading.Event()
+        self.value = None
+        self.error = None
+
+
+_FIELD = re.compile(r"^([A-Za-z_][\w.\[\]]*)\s*:")
+
+
+class Client:
+    def __init__(self, target=DEFAULT_TARGET, *, default_timeout=600.0, initial_backoff=0.02,
+                 max_backoff=1.0, max_message_bytes=64 << 20):
+        import grpc
+        if not target:
+            raise ValueError("target: empty")
+        self._grpc = grpc
+        _, _, self._service_pb2, self._service_grpc = _protos.modules()
+        self.target = target
+        self.default_timeout = float(default_timeout)
+        self.initial_backoff = float(initial_backoff)
+        self.max_backoff = float(max_backoff)
+        self._channel = grpc.insecure_channel(target, options=[
+            ("grpc.max_receive_message_length", max_message_bytes),
+            ("grpc.max_send_message_length", max_message_bytes),
+            # Reconnect quickly after a daemon restart; our own loop backs off.
+            ("grpc.initial_reconnect_backoff_ms", 20),
+            ("grpc.min_reconnect_backoff_ms", 20),
+            ("grpc.max_reconnect_backoff_ms", 1000),
+        ])
+        self._stub = self._service_grpc.KernelServiceStub(self._channel)
+        self._admin = self._service_grpc.AdminServiceStub(self._channel)
+        self._lock = threading.Lock()
+        self._fetches = {}  # deterministic request bytes -> _Flight   (guarded by _lock)
+        self._loads = {}    # (record key, CUcontext) -> _Flight        (guarded by _lock)
+        self._rpcs = 0      # GetKernel attempts                        (guarded by _lock)
+        self._closed = False
+
+    # -- lifetime ---------------------------------------------------------
+    def close(self):
+        """Unloads every module this client loaded and closes the channel."""
+        with self._lock:
+            loads, self._loads = list(self._loads.values()), {}
+            self._closed = True
+        if loads:
+            from kcache import cuda
+            for f in loads:
+                if f.done.is_set() and f.value is not None:
+                    cuda.unload(f.value)
+        self._channel.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    @property
+    def rpc_count(self):
+        """GetKernel RPCs (attempts) this client has made; for tests and metrics."""
+        with self._lock:
+            return self._rpcs
+
+    # -- fetching ---------------------------------------------------------
+    def _target(self, arch, device, driver_version):
+        pb = _protos.modules()[0]
+        t = pb.Target()
+        if arch is not None and device is not None:
+            raise ValueError("get_kernel: give arch or device, not both")
+        if arch is not None:
+            t.arch = arch
+        elif device is not None:
+            t.device = int(device)  # the daemon's ordinal on this node
+        else:
+            from kcache import cuda
+            t.arch = cuda.local_arch()
+        if driver_version:
+            t.driver_version = int(driver_version)
+        return t
+
+    def get_kernel(self, spec, arch=None, device=None, timeout=None, driver_version=0):
+        """The finished kernel for `spec` (AttentionSpec, JSON text or dict) and a target:
+        `arch` ("sm_80", "sm_90a"...), `device` (an ordinal of the daemon's node), or neither
+        (this machine's current GPU). Waits up to `timeout` seconds (default_timeout when
+        None) for a hit or the daemon's compile. Returns a KernelResult, memoized."""
+        req = self._service_pb2.GetKernelRequest()
+        req.spec.CopyFrom(to_spec(spec))
+        req.target.CopyFrom(self._target(arch, device, driver_version))
+        memo = req.SerializeToString(deterministic=True)
+        deadline = time.monotonic() + (self.default_timeout if timeout is None else float(timeout))
+        with self._lock:
+            flight = self._fetches.get(memo)
+            leader = flight is None
+            if leader:
+                flight = self._fetches[memo] = _Flight()
+        if leader:
+            try:
+                resp = self._call(req, deadline)
+                flight.value = KernelResult(resp.record, resp.cubin, resp.cache_hit)
+            except BaseException as e:
+                flight.error = e
+                with self._lock:
+                    self._fetches.pop(memo, None)  # the next call asks again
+            finally:
+                flight.done.set()
+        elif not flight.done.wait(max(0.0, deadline - time.monotonic())):
+            raise errors.DeadlineExceeded(
+                "kcache: waiting for another thread's request for this kernel passed the deadline")
+        if flight.error is not None:
+            raise flight.error
+        return flight.value
+
+    def _call(self, req, deadline):
+        grpc = self._grpc
+        backoff = self.initial_backoff
+        last = None
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            with self._lock:
+                self._rpcs += 1
+            try:
+                return self._stub.GetKernel(req, timeout=remaining)
+            except grpc.RpcError as e:
+                code = e.code()
+                if code not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED):
+                    raise self._error(e) from None
+                last = e
+                wait = backoff
+                for k, v in (e.trailing_metadata() or ()):
+                    if k == "retry-after-ms":  # a server hint wins over our own backoff
+                        try:
+                            wait = min(max(int(v), 1), 10000) / 1000.0
+                        except ValueError:
+                            pass
+                if time.monotonic() + wait >= deadline:
+                    break
+                time.sleep(wait)
+                backoff = min(backoff * 2, self.max_backoff)
+        if last is not None and last.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
+            raise errors.KcacheError("kcache daemon at %s is overloaded: %s" % (
+                self.target, last.details()), "RESOURCE_EXHAUSTED")
+        raise errors.Unavailable("no kcache daemon at %s answered before the deadline%s" % (
+            self.target, ": " + last.details() if last is not None else ""))
+
+    def _error(self, e):
+        """The one adapter from grpc.RpcError to kcache.errors."""
+        grpc = self._grpc
+        code, msg = e.code(), e.details() or ""
+        if code == grpc.StatusCode.INVALID_ARGUMENT:
+            m = _FIELD.match(msg)
+            return errors.InvalidSpec("kcache: invalid request: " + msg, m.group(1) if m else None)
+        if code == grpc.StatusCode.FAILED_PRECONDITION:
+            return errors.CompileError("kcache: the kernel failed to build: " + msg, log=msg)
+        if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+            return errors.DeadlineExceeded("kcache: the kernel was not ready before the deadline "
+                                           "(daemon at %s): %s" % (self.target, msg))
+        if code == grpc.StatusCode.UNAVAILABLE:
+            return errors.Unavailable("no kcache daemon at %s: %s" % (self.target, msg))
+        return errors.KcacheError("kcache: %s: %s" % (code.name, msg), code.name)
+
+    # -- loading ----------------------------------------------------------
+    def load(self, spec, arch, context, timeout=None):
+        """get_kernel, then load the cubin into `context` (a CUcontext, current on this
+        thread), once per (key, context). Returns a kcache.cuda.LoadedKernel."""
+        from kcache import cuda
+        result = self.get_kernel(spec, arch=arch, timeout=timeout)
+        memo = (result.record.key, int(context))
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("kcache.Client: closed")
+            flight = self._loads.get(memo)
+            leader = flight is None
+            if leader:
+                flight = self._loads[memo] = _Flight()
+        if leader:
+            try:
+                flight.value = cuda.load(result, context)
+            except BaseException as e:
+                flight.error = e
+                with self._lock:
+                    self._loads.pop(memo, None)
+            finally:
+                flight.done.set()
+        else:
+            flight.done.wait()  # a module load is short and bounded
+        if flight.error is not None:
+            raise flight.error
+        return flight.value
+
+    # -- admin ------------------------------------------------------------
+    def stats(self, timeout=30.0):
+        """The daemon's AdminService.Stats (kcache.v1.StatsResponse)."""
+        try:
+            return self._admin.Stats(self._service_pb2.StatsRequest(), timeout=timeout)
+        except self._grpc.RpcError as e:
+            raise self._error(e) from None
+
+
+_default = None
+_default_lock = threading.Lock()
+
+
+def default_client():
+    """A process-wide Client for $KCACHE_TARGET (default unix:.kcache/kcached.sock)."""
+    global _default
+    with _default_lock:
+        if _default is None:
+            _default = Client(os.environ.get("KCACHE_TARGET", DEFAULT_TARGET))
+        return _default

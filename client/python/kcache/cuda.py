@@ -1,0 +1,205 @@
+"""The CUDA driver through ctypes (libcuda.so.1, loaded on first use): contexts,
+module loading and launches. Only GPU paths import this module.
+
+Thread-safety: the driver calls are thread-safe; this module keeps no
+mutable state besides the loaded library and a cache of primary contexts.
+"""
+
+import contextlib
+import ctypes
+import threading
+
+from kcache.params import AttentionParams, check_record_abi
+
+CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
+CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75
+CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 76
+ENTRY_ROLE_FORWARD = 1
+ENTRY_ROLE_MASK_BUILD = 5
+
+_lib = None
+_lib_lock = threading.Lock()
+_primary = {}  # device ordinal -> retained primary CUcontext (never released)
+
+_vp = ctypes.c_void_p
+_PROTOS = {
+    "cuInit": [ctypes.c_uint],
+    "cuDriverGetVersion": [ctypes.POINTER(ctypes.c_int)],
+    "cuGetErrorString": [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)],
+    "cuDeviceGet": [ctypes.POINTER(ctypes.c_int), ctypes.c_int],
+    "cuDeviceGetAttribute": [ctypes.POINTER(ctypes.c_int), ctypes.c_int, ctypes.c_int],
+    "cuDevicePrimaryCtxRetain": [ctypes.POINTER(_vp), ctypes.c_int],
+    "cuCtxGetCurrent": [ctypes.POINTER(_vp)],
+    "cuCtxGetDevice": [ctypes.POINTER(ctypes.c_int)],
+    "cuCtxPushCurrent_v2": [_vp],
+    "cuCtxPopCurrent_v2": [ctypes.POINTER(_vp)],
+    "cuModuleLoadData": [ctypes.POINTER(_vp), ctypes.c_char_p],
+    "cuModuleUnload": [_vp],
+    "cuModuleGetFunction": [ctypes.POINTER(_vp), _vp, ctypes.c_char_p],
+    "cuFuncSetAttribute": [_vp, ctypes.c_int, ctypes.c_int],
+    "cuFuncGetParamInfo": [_vp, ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t),
+                           ctypes.POINTER(ctypes.c_size_t)],
+    "cuLaunchKernel": [_vp, ctypes.c_uint, ctypes.c_uint, ctypes.c_uint, ctypes.c_uint,
+                       ctypes.c_uint, ctypes.c_uint, ctypes.c_uint, _vp, ctypes.POINTER(_vp),
+                       ctypes.POINTER(_vp)],
+}
+
+
+class CudaError(RuntimeError):
+    pass
+
+
+def lib():
+    global _lib
+    with _lib_lock:
+        if _lib is None:
+            try:
+                l_ = ctypes.CDLL("libcuda.so.1")
+            except OSError as e:
+                raise CudaError("kcache: the CUDA driver (libcuda.so.1) is not available: %s"
+                                % e) from e
+            for name, args in _PROTOS.items():
+                f = getattr(l_, name, None)
+                if f is not None:
+                    f.argtypes = args
+                    f.restype = ctypes.c_int
+            _lib = l_
+            check(_lib.cuInit(0), "cuInit")
+        return _lib
+
+
+def check(r, what):
+    if r != 0:
+        s = ctypes.c_char_p()
+        _lib.cuGetErrorString(r, ctypes.byref(s))
+        raise CudaError("%s failed: CUDA error %d (%s)" % (
+            what, r, s.value.decode() if s.value else "?"))
+
+
+def device_capability(ordinal):
+    cu = lib()
+    dev, major, minor = ctypes.c_int(), ctypes.c_int(), ctypes.c_int()
+    check(cu.cuDeviceGet(ctypes.byref(dev), ordinal), "cuDeviceGet")
+    check(cu.cuDeviceGetAttribute(ctypes.byref(major),
+                                  CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev.value),
+          "cuDeviceGetAttribute")
+    check(cu.cuDeviceGetAttribute(ctypes.byref(minor),
+                                  CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev.value),
+          "cuDeviceGetAttribute")
+    return major.value, minor.value
+
+
+def local_arch():
+    """The target arch of the current context's device (else device 0)."""
+    from kcache.client import arch_for_capability
+    cu = lib()
+    ordinal = 0
+    ctx = _vp()
+    if cu.cuCtxGetCurrent(ctypes.byref(ctx)) == 0 and ctx.value:
+        d = ctypes.c_int()
+        if cu.cuCtxGetDevice(ctypes.byref(d)) == 0:
+            ordinal = d.value
+    return arch_for_capability(*device_capability(ordinal))
+
+
+@contextlib.contextmanager
+def device_context(ordinal):
+    """Yields a CUcontext (int) for device `ordinal`, current on this thread: the one already
+    current when it belongs to that device (torch makes the primary context current),
+    else the device's primary context, pushed for the duration and popped after."""
+    cu = lib()
+    ctx = _vp()
+    check(cu.cuCtxGetCurrent(ctypes.byref(ctx)), "cuCtxGetCurrent")
+    if ctx.value:
+        d = ctypes.c_int()
+        check(cu.cuCtxGetDevice(ctypes.byref(d)), "cuCtxGetDevice")
+        if d.value == ordinal:
+            yield ctx.value
+            return
+    with _lib_lock:
+        prim = _primary.get(ordinal)
+    if prim is None:
+        dev, p = ctypes.c_int(), _vp()
+        check(cu.cuDeviceGet(ctypes.byref(dev), ordinal), "cuDeviceGet")
+        check(cu.cuDevicePrimaryCtxRetain(ctypes.byref(p), dev.value), "cuDevicePrimaryCtxRetain")
+        with _lib_lock:
+            prim = _primary.setdefault(ordinal, p.value)
+    check(cu.cuCtxPushCurrent_v2(prim), "cuCtxPushCurrent")
+    try:
+        yield prim
+    finally:
+        cu.cuCtxPopCurrent_v2(ctypes.byref(_vp()))
+
+
+class LoadedKernel:
+    """A kernel's module in one CUDA context: its functions by entry-point name, each with
+    its dynamic shared memory limit raised to what the record says."""
+
+    def __init__(self, result, context, module, functions):
+        self.result = result
+        self.record = result.record
+        self.context = context
+        self.module = module
+        self.functions = functions  # name -> CUfunction (int)
+
+    def entry(self, role):
+        """(EntryPoint, CUfunction) of the first entry with this role, or (None, None)."""
+        for e in self.record.entry_points:
+            if e.role == role:
+                return e, self.functions.get(e.name)
+        return None, None
+
+
+def load(result, context):
+    """Loads a KernelResult's cubin into `context` (current on this thread)."""
+    check_record_abi(result.record)
+    cu = lib()
+    # The cubin must stay valid only for the call; the driver copies it.
+    image = ctypes.create_string_buffer(result.cubin, len(result.cubin))
+    mod = _vp()
+    check(cu.cuModuleLoadData(ctypes.byref(mod), image), "cuModuleLoadData")
+    try:
+        functions = {}
+        for e in result.record.entry_points:
+            fn = _vp()
+            check(cu.cuModuleGetFunction(ctypes.byref(fn), mod, e.name.encode()),
+                  "cuModuleGetFunction(%s)" % e.name)
+            if e.dynamic_smem_bytes > 48 * 1024:
+                check(cu.cuFuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                            e.dynamic_smem_bytes),
+                      "cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES, %d)" % e.dynamic_smem_bytes)
+            _check_param_size(cu, fn, e.name)
+            functions[e.name] = fn.value
+    except BaseException:
+        cu.cuModuleUnload(mod)
+        raise
+    return LoadedKernel(result, context, mod.value, functions)
+
+
+def _check_param_size(cu, fn, name):
+    """The kernel's one parameter must be exactly our AttentionParams (driver >= 12.4)."""
+    f = getattr(cu, "cuFuncGetParamInfo", None)
+    if f is None:
+        return
+    off, size = ctypes.c_size_t(), ctypes.c_size_t()
+    if f(fn, 0, ctypes.byref(off), ctypes.byref(size)) != 0:
+        return  # not supported by this driver: the ABI version check stands alone
+    if size.value != ctypes.sizeof(AttentionParams):
+        raise CudaError("%s takes a %d-byte parameter; kcache.AttentionParams is %d bytes "
+                        "(launch ABI mismatch)" % (name, size.value,
+                                                   ctypes.sizeof(AttentionParams)))
+
+
+def unload(loaded):
+    """Unloads a LoadedKernel's module in its own context (best effort)."""
+    cu = lib()
+    if cu.cuCtxPushCurrent_v2(loaded.context) == 0:
+        cu.cuModuleUnload(loaded.module)
+        cu.cuCtxPopCurrent_v2(ctypes.byref(_vp()))
+
+
+def launch(function, grid, threads, smem, stream, params):
+    """cuLaunchKernel(function) with one argument, `params` (an AttentionParams) by value."""
+    arg = (_vp * 1)(ctypes.cast(ctypes.pointer(params), _vp))
+    check(lib().cuLaunchKernel(function, grid[0], grid[1], grid[2], threads, 1, 1, smem, stream,
+                               arg, None), "cuLaunchKernel")
