@@ -1,38 +1,15 @@
 #include "service/kernel_backend.h"
 
 #include <algorithm>
-#include <map>
 
 #include "absl/hash/hash.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "cache/digest.h"
-#include "cache/key.h"
-#include "compiler/attention/codegen.h"
-#include "compiler/attention/spec_canonical.h"
-#include "compiler/attention/spec_normalize.h"
-#include "compiler/attention/spec_validate.h"
-#include "compiler/resources.h"
-#include "kernels/attention_params.h"
-#include "kernels/embedded.h"
 
 namespace kcache {
 
 namespace {
-
-// Every template file, as NVRTC headers. Built once: the templates are
-// immutable data in the binary.
-const std::map<std::string, std::string>& TemplateHeaders() {
-  static const auto* headers = [] {
-    auto* m = new std::map<std::string, std::string>;
-    for (const auto& f : kernels::TemplateFiles()) {
-      (*m)[std::string(f.name)] = std::string(f.contents);
-    }
-    return m;
-  }();
-  return *headers;
-}
 
 // The target architecture a device gets: the arch-specific variant on
 // Hopper and later (needed for wgmma; the cubin is loaded on exactly that
@@ -65,14 +42,9 @@ absl::StatusOr<ResolvedRequest> KernelBackend::Resolve(const v1::GetKernelReques
         absl::StrCat("this daemon cannot compile: ", deps_.toolchain_status.message()));
   }
   if (!request.has_spec()) return absl::InvalidArgumentError("spec: missing");
-  attention::Limits limits;
-  limits.max_expr_nodes = static_cast<int>(deps_.config.max_expr_nodes());
-  limits.max_expr_depth = static_cast<int>(deps_.config.max_expr_depth());
-  if (absl::Status st = attention::ValidateAttentionSpec(request.spec(), limits); !st.ok()) {
-    return st;
-  }
   ResolvedRequest r;
   const v1::Target& t = request.target();
+  std::string arch;
   switch (t.where_case()) {
     case v1::Target::kDevice: {
       auto it = std::find_if(devices_.begin(), devices_.end(),
@@ -84,114 +56,66 @@ absl::StatusOr<ResolvedRequest> KernelBackend::Resolve(const v1::GetKernelReques
                              : absl::StrCat(devices_.size(), " devices"),
             ")"));
       }
-      r.arch = DeviceTargetArch(*it);
+      arch = DeviceTargetArch(*it);
       r.device = it->ordinal;
       break;
     }
-    case v1::Target::kArch: {
-      auto parsed = attention::ParseAttentionArch(t.arch());
-      if (!parsed.ok()) return absl::InvalidArgumentError(absl::StrCat("target.arch: ", parsed.status().message()));
-      r.arch = t.arch();
+    case v1::Target::kArch:
+      arch = t.arch();
       break;
-    }
     case v1::Target::WHERE_NOT_SET:
       return absl::InvalidArgumentError("target: set arch (e.g. \"sm_90a\") or device");
   }
-  r.normalized = attention::NormalizeAttentionSpec(request.spec());
-  r.canonical = attention::CanonicalSpecBytes(r.normalized);
-  KeyParts parts;
-  parts.spec_canonical = r.canonical;
-  std::string digest(kernels::TemplateDigestHex());
-  parts.template_digest = digest;
-  parts.toolchain = &deps_.toolchain;
-  parts.arch = r.arch;
-  auto key = ComputeKey(parts);
-  if (!key.ok()) return key.status();
-  r.key = *std::move(key);
+  AttentionLimits limits;
+  limits.max_expr_nodes = static_cast<int>(deps_.config.max_expr_nodes());
+  limits.max_expr_depth = static_cast<int>(deps_.config.max_expr_depth());
+  auto id = ResolveAttention(request.spec(), arch, deps_.toolchain, limits);
+  if (!id.ok()) return id.status();
+  r.id = *std::move(id);
   if (r.device < 0) {
     // By arch: spread keys over the devices that can verify that arch (by
     // key, so one key always lands on one queue); none = compile-only.
     std::vector<int> able;
     for (const DeviceInfo& d : devices_) {
-      if (CanVerifyArch(d, r.arch)) able.push_back(d.ordinal);
+      if (CanVerifyArch(d, r.id.arch)) able.push_back(d.ordinal);
     }
-    if (!able.empty()) r.device = able[absl::HashOf(r.key) % able.size()];
+    if (!able.empty()) r.device = able[absl::HashOf(r.id.key) % able.size()];
   }
-  r.queue = r.device >= 0 ? absl::StrCat("gpu", r.device) : r.arch;
+  r.queue = r.device >= 0 ? absl::StrCat("gpu", r.device) : r.id.arch;
   return r;
 }
 
 CompileResult KernelBackend::Compile(const ResolvedRequest& r, absl::Time compile_deadline,
                                      const ReportFn& report) {
-  auto existing = deps_.store->Lookup(r.key);
-  if (existing.ok() && *existing != nullptr) {
+  auto to_compiled = [](const Entry& e) {
     auto ck = std::make_shared<CompiledKernel>();
-    ck->record = (*existing)->record;
-    ck->cubin = (*existing)->cubin;
+    ck->record = e.record;
+    ck->cubin = e.cubin;
     return std::shared_ptr<const CompiledKernel>(std::move(ck));
-  }
-  absl::Time start = absl::Now();
+  };
+  auto existing = deps_.store->Lookup(r.id.key);
+  if (existing.ok() && *existing != nullptr) return to_compiled(**existing);
+  const absl::Time start = absl::Now();
   compiles_->Inc();
   auto fail = [&](absl::Status st) -> CompileResult {
     compile_failures_->Inc();
     return st;
   };
-  auto gen = attention::GenerateAttentionSource(r.normalized, r.arch);
-  if (!gen.ok()) return fail(gen.status());
-  CompileInput in;
-  in.source = gen->source;
-  in.program_name = gen->program_name;
-  in.headers = TemplateHeaders();
-  in.arch = r.arch;
-  auto out = deps_.compiler->Compile(in, compile_deadline);
-  if (!out.ok()) return fail(out.status());
-
-  v1::KernelRecord rec;
-  rec.set_key(r.key);
-  *rec.mutable_toolchain() = deps_.toolchain;
-  rec.set_arch(r.arch);
-  *rec.mutable_spec() = r.normalized;
-  rec.set_template_digest(std::string(kernels::TemplateDigestHex()));
-  rec.set_abi_version(kAttentionAbiVersion);
-  rec.set_compile_log(out->log);
-  rec.set_deterministic_backward(r.normalized.backward() && r.normalized.deterministic());
-  std::vector<EntryRequirement> reqs;
-  for (const v1::EntryPoint& e : gen->entry_points) {
-    v1::EntryPoint* ep = rec.add_entry_points();
-    *ep = e;
-    for (const KernelReport& k : out->kernels) {
-      if (k.name == e.name()) *ep->mutable_resources() = ToResources(k);
-    }
-    reqs.push_back({e.name(), static_cast<int>(e.dynamic_smem_bytes()),
-                    static_cast<int>(e.threads())});
-  }
+  auto build = BuildAttention(r.id, deps_.toolchain, *deps_.compiler, compile_deadline);
+  if (!build.ok()) return fail(build.status());
   if (r.device >= 0) {
     report(Phase::kVerifying);
-    auto v = deps_.devices->Verify(r.device, r.arch, out->cubin, reqs);
+    auto v = deps_.devices->Verify(r.device, r.id.arch, build->cubin, build->requirements);
     if (!v.ok()) {
       return fail(absl::FailedPreconditionError(
           absl::StrCat("verification on device ", r.device, " failed: ", v.status().message())));
     }
-    for (int i = 0; i < rec.entry_points_size(); ++i) {
-      auto* ep = rec.mutable_entry_points(i);
-      KernelReport k;
-      for (const KernelReport& kr : out->kernels) {
-        if (kr.name == ep->name()) k = kr;
-      }
-      *ep->mutable_resources() = ToResources(v->entries[static_cast<size_t>(i)], k);
-    }
-    rec.set_verified(true);
-    rec.set_verified_on(v->device_name);
+    ApplyVerification(*v, *build);
   }
-  rec.set_compile_time_us(static_cast<uint64_t>(absl::ToInt64Microseconds(absl::Now() - start)));
-  rec.set_created_unix_ms(absl::ToUnixMillis(absl::Now()));
-  auto entry = deps_.store->Publish(std::move(rec), std::move(out->cubin));
+  auto entry = deps_.store->Publish(std::move(build->record), std::move(build->cubin));
   if (!entry.ok()) return fail(entry.status());
   compile_seconds_->Observe(absl::ToDoubleSeconds(absl::Now() - start));
-  auto ck = std::make_shared<CompiledKernel>();
-  ck->record = (*entry)->record;
-  ck->cubin = (*entry)->cubin;
-  return std::shared_ptr<const CompiledKernel>(std::move(ck));
+  return to_compiled(**entry);
 }
 
 JobFn KernelBackend::MakeJob(std::shared_ptr<const ResolvedRequest> r,
@@ -210,7 +134,7 @@ absl::StatusOr<KernelBackend::Pending> KernelBackend::Begin(const v1::GetKernelR
     invalid_->Inc();
     return r.status();
   }
-  auto hit = deps_.store->Lookup(r->key);
+  auto hit = deps_.store->Lookup(r->id.key);
   if (!hit.ok()) return hit.status();
   Pending pending;
   if (*hit != nullptr) {
@@ -225,7 +149,7 @@ absl::StatusOr<KernelBackend::Pending> KernelBackend::Begin(const v1::GetKernelR
   absl::Time cap = absl::Now() + absl::Milliseconds(deps_.config.default_deadline_ms());
   auto shared = std::make_shared<const ResolvedRequest>(*std::move(r));
   Request sreq;
-  sreq.key = shared->key;
+  sreq.key = shared->id.key;
   sreq.queue = shared->queue;
   sreq.priority = Priority::kInteractive;
   sreq.deadline = deadline;
@@ -271,15 +195,15 @@ v1::PrefetchResponse KernelBackend::Prefetch(const v1::PrefetchRequest& request)
       out->set_error(absl::StrCat("requests[", i, "].", r.status().message()));
       continue;
     }
-    out->set_key(r->key);
-    auto hit = deps_.store->Lookup(r->key);
+    out->set_key(r->id.key);
+    auto hit = deps_.store->Lookup(r->id.key);
     if (hit.ok() && *hit != nullptr) {
       out->set_state(v1::PrefetchResult::STATE_CACHED);
       continue;
     }
     auto shared = std::make_shared<const ResolvedRequest>(*std::move(r));
     Request sreq;
-    sreq.key = shared->key;
+    sreq.key = shared->id.key;
     sreq.queue = shared->queue;
     sreq.priority = Priority::kPrefetch;
     sreq.job = MakeJob(shared, absl::Now() + absl::Milliseconds(deps_.config.default_deadline_ms()));

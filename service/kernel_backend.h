@@ -15,6 +15,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "cache/store.h"
+#include "compiler/attention_compile.h"
 #include "compiler/compile.h"
 #include "compiler/cuda_driver.h"
 #include "compiler/scheduler.h"
@@ -36,14 +37,11 @@ struct BackendDeps {
   MetricsRegistry* metrics = nullptr;
 };
 
-// A request resolved to its kernel identity.
+// A request resolved to its kernel identity and where it compiles.
 struct ResolvedRequest {
-  v1::AttentionSpec normalized;
-  std::string canonical;  // CanonicalSpecBytes(normalized)
-  std::string arch;       // "sm_90a"
-  std::string queue;      // "gpu0" or the arch in compile-only mode
-  int device = -1;        // device that verifies, or -1
-  std::string key;        // store key
+  AttentionIdentity id;  // normalized spec, arch, key
+  std::string queue;     // "gpu0", or the arch in compile-only mode
+  int device = -1;       // device that verifies, or -1
 };
 
 // What a GetKernel answers: the record and cubin, shared and immutable.

@@ -1,0 +1,61 @@
+// One attention kernel from spec to cubin and record, shared by the daemon
+// (which adds device verification and publishing) and the offline
+// kcache-compile command: validate, normalize, key, generate, compile, and
+// describe the result as a KernelRecord. Thread-safe (no shared state).
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "compiler/compile.h"
+#include "compiler/cuda_driver.h"
+#include "kcache/v1/record.pb.h"
+#include "kcache/v1/spec.pb.h"
+
+namespace kcache {
+
+// A spec resolved to its kernel identity for one architecture.
+struct AttentionIdentity {
+  v1::AttentionSpec normalized;
+  std::string arch;
+  std::string key;  // store key (cache/key.h)
+};
+
+struct AttentionLimits {
+  int max_expr_nodes = 256;
+  int max_expr_depth = 32;
+};
+
+// Validates `spec` (InvalidArgument naming the field) and `arch`
+// (InvalidArgument "target.arch: ..."), normalizes, and computes the key over
+// the canonical spec bytes, the embedded templates' digest, the toolchain
+// and the arch.
+absl::StatusOr<AttentionIdentity> ResolveAttention(const v1::AttentionSpec& spec,
+                                                   std::string_view arch,
+                                                   const v1::Toolchain& toolchain,
+                                                   const AttentionLimits& limits = {});
+
+struct AttentionBuild {
+  v1::KernelRecord record;  // unverified; cubin_sha256 filled by the store
+  std::string cubin;
+  // What a device must satisfy to verify the cubin, one per entry point.
+  std::vector<EntryRequirement> requirements;
+};
+
+// Generates the source, compiles it with `compiler` by `deadline`, and
+// builds the record (entry points with launch facts and the compiler's
+// resource report, toolchain, template digest, ABI version, log, compile
+// time). Errors are the generator's and the compiler's (FailedPrecondition
+// with the log for a compile error).
+absl::StatusOr<AttentionBuild> BuildAttention(const AttentionIdentity& id,
+                                              const v1::Toolchain& toolchain, Compiler& compiler,
+                                              absl::Time deadline);
+
+// Records a successful device verification: resources as the driver reports
+// them, verified, verified_on.
+void ApplyVerification(const VerifyResult& verified, AttentionBuild& build);
+
+}  // namespace kcache
