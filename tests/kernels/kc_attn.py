@@ -3,9 +3,10 @@
 Builds the generated prelude exactly as docs/kernel-contract.md writes it,
 compiles it with NVRTC (libnvrtc through ctypes, kernels/* passed as named
 headers), loads the cubin with the CUDA driver (ctypes) and launches on
-torch's current stream. The ctypes mirror of kcache::AttentionParams lives
-here and only here; check_params_layout() proves it against the C++ struct
-by compiling static_asserts of every offset with NVRTC (no GPU needed).
+torch's current stream. The ctypes mirror of kcache::AttentionParams comes
+from the kcache package (client/python/kcache/params.py);
+check_params_layout() proves it against the C++ struct by compiling
+static_asserts of every offset with NVRTC (no GPU needed).
 
 The NVRTC part works without torch or a GPU (compile-only smoke tests).
 """
@@ -15,6 +16,7 @@ import hashlib
 import math
 import os
 import struct
+import sys
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 KERNELS = os.path.join(REPO, "kernels")
@@ -271,47 +273,12 @@ def ptxas_summary(log):
 
 
 # ---------------------------------------------------------------------------
-# The ctypes mirror of kcache::AttentionParams (kernels/attention_params.h).
+# The ctypes mirror of kcache::AttentionParams (kernels/attention_params.h)
+# lives in the kcache Python package (client/python/kcache/params.py).
 # ---------------------------------------------------------------------------
-ABI_VERSION = 1
-MAX_EXPR_BUFFERS = 8
-_i64 = ctypes.c_int64
-_i32 = ctypes.c_int32
-_ptr = ctypes.c_void_p
-
-
-class KcBuffer(ctypes.Structure):
-    _fields_ = [("ptr", _ptr), ("rank", _i32), ("reserved", _i32), ("extent", _i64 * 4),
-                ("stride", _i64 * 4)]
-
-
-class AttentionParams(ctypes.Structure):
-    _fields_ = [
-        ("q", _ptr), ("k", _ptr), ("v", _ptr), ("o", _ptr), ("lse", _ptr),
-        ("q_stride_b", _i64), ("q_stride_h", _i64), ("q_stride_s", _i64),
-        ("k_stride_b", _i64), ("k_stride_h", _i64), ("k_stride_s", _i64),
-        ("v_stride_b", _i64), ("v_stride_h", _i64), ("v_stride_s", _i64),
-        ("o_stride_b", _i64), ("o_stride_h", _i64), ("o_stride_s", _i64),
-        ("lse_stride_b", _i64), ("lse_stride_h", _i64),
-        ("batch", _i32), ("num_q_heads", _i32), ("num_kv_heads", _i32), ("q_len", _i32),
-        ("kv_len", _i32), ("reserved0", _i32),
-        ("dout", _ptr), ("dq", _ptr), ("dk", _ptr), ("dv", _ptr), ("dq_accum", _ptr),
-        ("delta", _ptr),
-        ("do_stride_b", _i64), ("do_stride_h", _i64), ("do_stride_s", _i64),
-        ("dq_stride_b", _i64), ("dq_stride_h", _i64), ("dq_stride_s", _i64),
-        ("dk_stride_b", _i64), ("dk_stride_h", _i64), ("dk_stride_s", _i64),
-        ("dv_stride_b", _i64), ("dv_stride_h", _i64), ("dv_stride_s", _i64),
-        ("q_seq_id", _ptr), ("kv_seq_id", _ptr),
-        ("q_seq_id_stride_b", _i64), ("kv_seq_id_stride_b", _i64),
-        ("drafter_anchor", _ptr), ("drafter_keep", _ptr), ("drafter_stride_b", _i64),
-        ("drafter_context_len", _i32), ("drafter_num_blocks", _i32),
-        ("alibi_slopes", _ptr),
-        ("buffers", KcBuffer * MAX_EXPR_BUFFERS),
-        ("buffer_grads", _ptr * MAX_EXPR_BUFFERS),
-        ("tile_class", _ptr),
-        ("tile_class_stride_b", _i64), ("tile_class_stride_h", _i64),
-        ("tile_class_stride_m", _i64),
-    ]
+sys.path.insert(0, os.path.join(REPO, "client", "python"))
+from kcache.params import (  # noqa: E402,F401 (re-exported for the harness and benchmarks)
+    ABI_VERSION, MAX_EXPR_BUFFERS, AttentionParams, KcBuffer)
 
 
 def _nvrtc_ptx(source, arch=80):

@@ -167,7 +167,8 @@ def load(result, context):
             if e.dynamic_smem_bytes > 48 * 1024:
                 check(cu.cuFuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                                             e.dynamic_smem_bytes),
-                      "cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES, %d)" % e.dynamic_smem_bytes)
+                      "cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES, %d)"
+                      % e.dynamic_smem_bytes)
             _check_param_size(cu, fn, e.name)
             functions[e.name] = fn.value
     except BaseException:
