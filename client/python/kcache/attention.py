@@ -243,7 +243,10 @@ def attention_forward(q, k, v, spec=None, *, lse=False, layout="bhsd", out=None,
             out = out.permute(0, 2, 1, 3)
     s = resolve_spec(spec, q, k, v, lse)
     if keep is not None and keep.dtype == torch.bool:
-        keep = keep.view(torch.int8)
+        try:
+            keep = keep.view(torch.int8)  # same bytes (0/1), no copy
+        except RuntimeError:
+            keep = keep.to(torch.int8)
     if (keep is not None and anchors is not None and anchors.dim() == 2 and keep.dim() == 2
             and anchors.shape[0] > 1 and keep.stride(0) != anchors.stride(0)):
         n = min(anchors.shape[1], keep.shape[1])  # one batch stride for both: repack
@@ -335,9 +338,7 @@ def _fill_mask_inputs(torch, p, spec, plan, q_seq_id, kv_seq_id, anchors, keep, 
     if slopes is not None:
         p.alibi_slopes = slopes.data_ptr()
     for i, d in enumerate(spec.buffers):
-        t = buffers[d.name]
-        if t.dtype == torch.bool:
-            t = t.view(torch.uint8)
+        t = buffers[d.name]  # bool tensors are one byte per element, 0 or 1, as the spec says
         p.buffers[i].ptr = t.data_ptr()
         p.buffers[i].rank = t.dim()
         for j in range(t.dim()):
