@@ -18,8 +18,10 @@ Prints one line per case and "N passed, M failed" last; exits 1 on any failure.
   python3 tests/python/gpu_e2e.py --dry-run [--kcached PATH --pythonpath-gen DIR]
 
 DIR holds the generated modules as DIR/kcache/v1/*_pb2*.py (a copy of
-<build>/client/python/gen). kcached needs kcache-compile-worker beside it and
-NVRTC (/usr/local/cuda/lib64 is added to its LD_LIBRARY_PATH). --dry-run needs
+<build>/client/python/gen). kcached needs kcache-compile-worker beside it (or
+--daemon-arg=--worker_path=PATH) and NVRTC (/usr/local/cuda/lib64 is added to
+its LD_LIBRARY_PATH). On the GPU machine use the static daemon
+(scripts/build-static.sh writes dist/kcached and dist/kcache-compile-worker). --dry-run needs
 no GPU or torch: it parses the arguments, imports the package and the generated
 modules, builds every case's spec and, given --kcached, asks a compile-only
 daemon for each case's sm_90a kernel (so a spec the daemon refuses shows up
@@ -52,6 +54,8 @@ def parse_args(argv=None):
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds per GetKernel")
     ap.add_argument("--select", default=None, help="regex on case names")
     ap.add_argument("--keep", action="store_true", help="keep the temporary store and log")
+    ap.add_argument("--daemon-arg", dest="daemon_args", action="append", default=[],
+                    help="extra kcached flag, e.g. --daemon-arg=--worker_path=PATH (repeatable)")
     args = ap.parse_args(argv)
     if not args.dry_run and not args.kcached:
         ap.error("--kcached is required (except with --dry-run)")
@@ -213,8 +217,9 @@ def reference(torch, c, q, k, v, kw, vis):
 # The daemon
 # ---------------------------------------------------------------------------
 class Daemon:
-    def __init__(self, kcached, directory, compile_only):
+    def __init__(self, kcached, directory, compile_only, extra_args=()):
         self.kcached, self.dir, self.compile_only = kcached, directory, compile_only
+        self.extra = list(extra_args)
         self.socket = os.path.join(directory, "kcached.sock")
         self.target = "unix:" + self.socket
         self.log_path = os.path.join(directory, "kcached.log")
@@ -228,7 +233,7 @@ class Daemon:
                 ":" + env["LD_LIBRARY_PATH"] if env.get("LD_LIBRARY_PATH") else "")
         args = [self.kcached, "--store_path=" + os.path.join(self.dir, "store"),
                 "--socket_path=" + self.socket, "--compile_threads=4",
-                "--compile_only=" + ("true" if self.compile_only else "false")]
+                "--compile_only=" + ("true" if self.compile_only else "false")] + self.extra
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                                      env=env, preexec_fn=_die_with_parent)
@@ -288,7 +293,7 @@ def dry_run(kcache, args, selected):
         print("dry run ok (imports, arguments, specs; no --kcached, so no fetches)")
         return 0
     d = tempfile.mkdtemp(prefix="kce2e")
-    daemon = Daemon(args.kcached, d, compile_only=True)
+    daemon = Daemon(args.kcached, d, compile_only=True, extra_args=args.daemon_args)
     failed = 0
     try:
         daemon.start()
@@ -400,7 +405,12 @@ def check_case(torch, kcache, client, target, c, args, dev, gpu_name):
 
 
 def gpu_run(kcache, args, selected):
-    import torch
+    try:
+        import torch
+    except ImportError as e:
+        print("FAIL torch is not importable here (%s); use --dry-run on CPU machines" % e)
+        print("0 passed, 1 failed")
+        return 1
     if not torch.cuda.is_available():
         print("FAIL no CUDA device visible to torch")
         print("0 passed, 1 failed")
@@ -409,7 +419,7 @@ def gpu_run(kcache, args, selected):
     dev = torch.device("cuda", torch.cuda.current_device())
     gpu_name = torch.cuda.get_device_name(dev)
     d = tempfile.mkdtemp(prefix="kce2e")
-    daemon = Daemon(args.kcached, d, compile_only=False)
+    daemon = Daemon(args.kcached, d, compile_only=False, extra_args=args.daemon_args)
     npass = nfail = 0
     try:
         try:
