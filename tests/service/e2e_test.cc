@@ -296,3 +296,42 @@ TEST(DaemonE2E, SecondDaemonOnTheSameStoreIsRefused) {
 
 }  // namespace
 }  // namespace kcache
+
+namespace kcache {
+namespace {
+
+// Over TCP without TLS and a token, only the kernel service is served: the
+// admin service stays on the Unix socket.
+TEST(DaemonE2E, AdminIsNotServedOverPlainTcp) {
+  TempDir dir;
+  DaemonProcess d(dir.path(), {"--tcp_address=127.0.0.1:0"});
+  ASSERT_NO_FATAL_FAILURE(d.Start());
+  std::string log = ReadLog(d);
+  size_t at = log.find("tcp port ");
+  ASSERT_NE(at, std::string::npos) << log;
+  int port = std::atoi(log.c_str() + at + 9);
+  ASSERT_GT(port, 0);
+  auto tcp = grpc::CreateChannel(absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials());
+  {
+    auto admin = v1::AdminService::NewStub(tcp);
+    grpc::ClientContext ctx;
+    v1::StatsResponse resp;
+    EXPECT_EQ(admin->Stats(&ctx, v1::StatsRequest(), &resp).error_code(),
+              grpc::StatusCode::UNIMPLEMENTED);
+  }
+  {
+    auto kernels = v1::KernelService::NewStub(tcp);
+    grpc::ClientContext ctx;
+    v1::GetKernelRequest req;
+    *req.mutable_spec() = DistinctSpec(0);
+    req.mutable_target()->set_arch("sm_75");
+    v1::GetKernelResponse resp;
+    grpc::Status st = kernels->GetKernel(&ctx, req, &resp);
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << st.error_message();
+  }
+  // The Unix socket still has the admin service.
+  EXPECT_EQ(d.Stats().compiles(), 0u);
+}
+
+}  // namespace
+}  // namespace kcache
