@@ -46,6 +46,7 @@ struct Daemon::Impl {
   std::unique_ptr<Scheduler> scheduler;
   std::unique_ptr<KernelBackend> backend;
   std::unique_ptr<KernelServiceImpl> kernel_service;
+  std::unique_ptr<KernelServiceImpl> kernel_service_tcp;  // one instance per server
   std::unique_ptr<AdminServiceImpl> admin_local;
   std::unique_ptr<AdminServiceImpl> admin_tcp;
   std::unique_ptr<grpc::Server> local_server;
@@ -213,7 +214,9 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const v1::DaemonConfig& co
     b.AddListeningPort(c.tcp_address(), creds, &d->tcp_port);
     b.SetMaxReceiveMessageSize(static_cast<int>(c.max_message_bytes()));
     b.SetMaxSendMessageSize(static_cast<int>(c.max_message_bytes()));
-    b.RegisterService(d->kernel_service.get());
+    d->kernel_service_tcp = std::make_unique<KernelServiceImpl>(
+        d->backend.get(), &d->state, max_spec, absl::Milliseconds(c.default_deadline_ms()));
+    b.RegisterService(d->kernel_service_tcp.get());
     // Admin over TCP only with TLS and a token; otherwise the Unix socket
     // (and its file mode) is the only way in.
     if (tls && !c.admin_token_path().empty()) {

@@ -1,6 +1,7 @@
 #include "service/grpc_services.h"
 
 #include <deque>
+#include <thread>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -17,7 +18,7 @@ constexpr int kRetryAfterMs = 500;
 constexpr absl::Duration kCancelPoll = absl::Milliseconds(50);
 constexpr size_t kMaxImportBytes = size_t{8} << 30;
 
-grpc::Status Reply(grpc::ServerContext* ctx, const absl::Status& st) {
+grpc::Status Reply(grpc::ServerContextBase* ctx, const absl::Status& st) {
   if (st.code() == absl::StatusCode::kResourceExhausted ||
       st.code() == absl::StatusCode::kUnavailable) {
     SetRetryHint(ctx, kRetryAfterMs);
@@ -43,7 +44,7 @@ v1::Progress ToProto(const ProgressEvent& e) {
 
 // --- KernelService -----------------------------------------------------------
 
-absl::Status KernelServiceImpl::Admit(grpc::ServerContext* ctx,
+absl::Status KernelServiceImpl::Admit(grpc::ServerContextBase* ctx,
                                       const v1::GetKernelRequest& req) const {
   if (state_->shutting_down.load()) return absl::UnavailableError("kcached is shutting down");
   if (req.spec().ByteSizeLong() > max_spec_bytes_) {
@@ -53,31 +54,66 @@ absl::Status KernelServiceImpl::Admit(grpc::ServerContext* ctx,
   return absl::OkStatus();
 }
 
-absl::Time KernelServiceImpl::DeadlineOf(grpc::ServerContext* ctx) const {
+absl::Time KernelServiceImpl::DeadlineOf(grpc::ServerContextBase* ctx) const {
   absl::Time d = absl::FromChrono(ctx->deadline());
   absl::Time cap = absl::Now() + default_deadline_;
   return d < cap ? d : cap;  // no deadline from the client = far future
 }
 
-grpc::Status KernelServiceImpl::GetKernel(grpc::ServerContext* ctx,
-                                          const v1::GetKernelRequest* req,
-                                          v1::GetKernelResponse* resp) {
-  if (absl::Status st = Admit(ctx, *req); !st.ok()) return Reply(ctx, st);
+KernelServiceImpl::~KernelServiceImpl() {
+  absl::MutexLock lock(&waiters_->mu);
+  waiters_->mu.Await(absl::Condition(
+      +[](int* running) { return *running == 0; }, &waiters_->running));
+}
+
+grpc::ServerUnaryReactor* KernelServiceImpl::GetKernel(grpc::CallbackServerContext* ctx,
+                                                       const v1::GetKernelRequest* req,
+                                                       v1::GetKernelResponse* resp) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  if (absl::Status st = Admit(ctx, *req); !st.ok()) {
+    reactor->Finish(Reply(ctx, st));
+    return reactor;
+  }
   auto pending = backend_->Begin(*req, DeadlineOf(ctx));
-  if (!pending.ok()) return Reply(ctx, pending.status());
+  if (!pending.ok()) {
+    reactor->Finish(Reply(ctx, pending.status()));
+    return reactor;
+  }
   if (pending->ticket == nullptr) {
     FillResponse(pending->answer, resp);
-    return grpc::Status::OK;
+    reactor->Finish(grpc::Status::OK);
+    return reactor;
   }
-  for (;;) {
-    if (ctx->IsCancelled()) return grpc::Status(grpc::StatusCode::CANCELLED, "client went away");
-    auto r = pending->ticket->WaitUntil(absl::Now() + kCancelPoll);
-    if (!r.has_value()) continue;
-    auto answer = KernelBackend::Answer(*std::move(r));
-    if (!answer.ok()) return Reply(ctx, answer.status());
-    FillResponse(*answer, resp);
-    return grpc::Status::OK;
+  // A miss waits for its compile (seconds to minutes) on a thread of its own,
+  // never on gRPC's callback threads, which serve every other call.
+  {
+    absl::MutexLock lock(&waiters_->mu);
+    ++waiters_->running;
   }
+  std::thread([ctx, resp, reactor, waiters = waiters_,
+               ticket = std::move(pending->ticket)]() mutable {
+    grpc::Status status;
+    for (;;) {
+      if (ctx->IsCancelled()) {
+        status = grpc::Status(grpc::StatusCode::CANCELLED, "client went away");
+        break;
+      }
+      auto r = ticket->WaitUntil(absl::Now() + kCancelPoll);
+      if (!r.has_value()) continue;
+      auto answer = KernelBackend::Answer(*std::move(r));
+      if (answer.ok()) {
+        FillResponse(*answer, resp);
+      } else {
+        status = Reply(ctx, answer.status());
+      }
+      break;
+    }
+    ticket.reset();  // touches the scheduler: before the call may end
+    reactor->Finish(status);
+    absl::MutexLock lock(&waiters->mu);
+    --waiters->running;
+  }).detach();
+  return reactor;
 }
 
 grpc::Status KernelServiceImpl::GetKernelStream(grpc::ServerContext* ctx,

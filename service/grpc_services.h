@@ -1,11 +1,17 @@
 // The gRPC faces of the daemon: KernelService for trainers and AdminService
-// for ops, both thin adapters over KernelBackend and Store. Synchronous
-// handlers: each waiting request holds one server thread and polls for client
-// cancellation while it waits.
+// for ops, both thin adapters over KernelBackend and Store. GetKernel uses the
+// callback API: a hit (or a refusal) is answered on the gRPC thread that read
+// the request, with no hand-off to a sync server thread (that hand-off cost
+// more than the rest of a hit; bench/service). A GetKernel that waits for a
+// compile, and every other method (synchronous handlers), holds a thread of
+// its own while it waits and polls for client cancellation.
 #pragma once
 
 #include <atomic>
+#include <memory>
 #include <string>
+
+#include "absl/synchronization/mutex.h"
 
 #include "cache/store.h"
 #include "kcache/v1/service.grpc.pb.h"
@@ -18,7 +24,12 @@ struct ServingState {
   std::atomic<bool> shutting_down{false};
 };
 
-class KernelServiceImpl final : public v1::KernelService::Service {
+// Register one instance with one server (a callback method's handler is
+// bound to the server that registered it). The destructor waits for the
+// threads of GetKernel calls that were waiting for a compile; destroy the
+// server first.
+class KernelServiceImpl final
+    : public v1::KernelService::WithCallbackMethod_GetKernel<v1::KernelService::Service> {
  public:
   KernelServiceImpl(KernelBackend* backend, const ServingState* state, uint64_t max_spec_bytes,
                     absl::Duration default_deadline)
@@ -26,22 +37,34 @@ class KernelServiceImpl final : public v1::KernelService::Service {
         state_(state),
         max_spec_bytes_(max_spec_bytes),
         default_deadline_(default_deadline) {}
+  ~KernelServiceImpl() override;
 
-  grpc::Status GetKernel(grpc::ServerContext* ctx, const v1::GetKernelRequest* req,
-                         v1::GetKernelResponse* resp) override;
+  // The base's synchronous GetKernel is disabled (it aborts); this is the one.
+  using v1::KernelService::WithCallbackMethod_GetKernel<v1::KernelService::Service>::GetKernel;
+  grpc::ServerUnaryReactor* GetKernel(grpc::CallbackServerContext* ctx,
+                                      const v1::GetKernelRequest* req,
+                                      v1::GetKernelResponse* resp) override;
   grpc::Status GetKernelStream(grpc::ServerContext* ctx, const v1::GetKernelRequest* req,
                                grpc::ServerWriter<v1::GetKernelEvent>* writer) override;
   grpc::Status Prefetch(grpc::ServerContext* ctx, const v1::PrefetchRequest* req,
                         v1::PrefetchResponse* resp) override;
 
  private:
-  absl::Status Admit(grpc::ServerContext* ctx, const v1::GetKernelRequest& req) const;
-  absl::Time DeadlineOf(grpc::ServerContext* ctx) const;
+  // Threads of GetKernel calls waiting for a compile. Shared with them, so
+  // that a thread's last touch (the decrement) never outlives the object.
+  struct Waiters {
+    absl::Mutex mu;
+    int running ABSL_GUARDED_BY(mu) = 0;
+  };
+
+  absl::Status Admit(grpc::ServerContextBase* ctx, const v1::GetKernelRequest& req) const;
+  absl::Time DeadlineOf(grpc::ServerContextBase* ctx) const;
 
   KernelBackend* backend_;
   const ServingState* state_;
   const uint64_t max_spec_bytes_;
   const absl::Duration default_deadline_;
+  const std::shared_ptr<Waiters> waiters_ = std::make_shared<Waiters>();
 };
 
 class AdminServiceImpl final : public v1::AdminService::Service {

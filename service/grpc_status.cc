@@ -9,7 +9,7 @@ grpc::Status ToGrpcStatus(const absl::Status& status) {
   return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
 }
 
-void SetRetryHint(grpc::ServerContext* context, int retry_after_ms) {
+void SetRetryHint(grpc::ServerContextBase* context, int retry_after_ms) {
   context->AddTrailingMetadata("retry-after-ms", std::to_string(retry_after_ms));
 }
 

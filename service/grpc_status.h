@@ -12,6 +12,6 @@ namespace kcache {
 grpc::Status ToGrpcStatus(const absl::Status& status);
 
 // Adds the retry hint for RESOURCE_EXHAUSTED / UNAVAILABLE answers.
-void SetRetryHint(grpc::ServerContext* context, int retry_after_ms);
+void SetRetryHint(grpc::ServerContextBase* context, int retry_after_ms);
 
 }  // namespace kcache
