@@ -48,6 +48,7 @@
 #include "absl/time/clock.h"
 #include "cache/store.h"
 #include "kcache/v1/service.grpc.pb.h"
+#include "compiler/scheduler.h"
 #include "service/config.h"
 #include "service/kernel_backend.h"
 #include "service/metrics.h"
@@ -481,8 +482,15 @@ int Main(int argc, char** argv) {
     auto store = Store::Open(d.store(), so);
     if (!store.ok()) Die(absl::StrCat("open store: ", store.status().message()));
     MetricsRegistry metrics;
+    // Hits only: a scheduler that is already shut down refuses any miss
+    // (there is no compiler here).
+    Scheduler::Options sched_opts;
+    sched_opts.compile_threads = 1;
+    Scheduler scheduler(sched_opts);
+    (void)scheduler.Shutdown(absl::ZeroDuration());
     BackendDeps deps;
     deps.store = store->get();
+    deps.scheduler = &scheduler;
     deps.toolchain = warm[0].record().toolchain();  // the daemon's, with its id
     deps.metrics = &metrics;
     deps.config = DefaultDaemonConfig();  // the daemon's spec limits
@@ -490,7 +498,8 @@ int Main(int argc, char** argv) {
     for (size_t i = 0; i < reqs.size(); ++i) {
       auto p = backend.Begin(reqs[i], absl::InfiniteFuture());
       if (!p.ok() || p->ticket != nullptr || p->answer.record().key() != warm[i].record().key()) {
-        Die("in process, the request does not hit the daemon's entry");
+        Die(absl::StrCat("in process, request ", i, " does not hit the daemon's entry (",
+                         p.ok() ? "a miss: another key?" : p.status().ToString(), ")"));
       }
     }
     Header("In process, on the same store (no gRPC)");
