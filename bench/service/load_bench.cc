@@ -13,7 +13,9 @@
 // the threads together send at a fixed rate, each request timed from when it
 // was due (so a stall also counts against the requests that queue behind it).
 // Client threads have their own channel and connection ("own") or share one
-// ("shared").
+// ("shared"). Columns: dCPU = the daemon's CPU time (user + system, all
+// threads, from /proc) per request; cCPU = this process's, i.e. the clients'.
+// On a 2-core machine their sum bounds the throughput.
 //
 // A plain program rather than Google Benchmark: it needs one daemon for all
 // cases, many client threads per case with merged latency percentiles, and
@@ -181,6 +183,7 @@ struct Result {
   double seconds = 0;
   double p50_us = 0, p99_us = 0, p999_us = 0, max_us = 0;
   double daemon_cpu_us = 0;  // daemon CPU per request (-1: not applicable)
+  double client_cpu_us = 0;  // this process's CPU per request (all its threads)
   double rps() const { return seconds > 0 ? static_cast<double>(requests) / seconds : 0; }
 };
 
@@ -231,6 +234,7 @@ Result Run(const std::string& name, int threads, const std::function<CallFn(int)
   }
   ready.arrive_and_wait();
   double cpu0 = daemon > 0 ? ProcessCpuSeconds(daemon) : 0;
+  double own0 = ProcessCpuSeconds(getpid());
   t0 = Clock::now();
   ready.arrive_and_wait();
   if (!g.smoke) {
@@ -240,6 +244,7 @@ Result Run(const std::string& name, int threads, const std::function<CallFn(int)
   for (auto& th : ts) th.join();
   double elapsed = std::chrono::duration<double>(Clock::now() - t0).count();
   double cpu1 = daemon > 0 ? ProcessCpuSeconds(daemon) : 0;
+  double own1 = ProcessCpuSeconds(getpid());
 
   Result r;
   r.name = name;
@@ -264,6 +269,7 @@ Result Run(const std::string& name, int threads, const std::function<CallFn(int)
   r.daemon_cpu_us = daemon > 0 && r.requests > 0
                         ? (cpu1 - cpu0) * 1e6 / static_cast<double>(r.requests)
                         : -1;
+  r.client_cpu_us = r.requests > 0 ? (own1 - own0) * 1e6 / static_cast<double>(r.requests) : 0;
   return r;
 }
 
@@ -276,6 +282,7 @@ void Print(const Result& r, double floor_p50 = 0) {
   } else {
     std::printf(" %8s", "-");
   }
+  std::printf(" %8.1f", r.client_cpu_us);
   if (floor_p50 > 0) {
     std::printf(" %7.2fx", r.p50_us / floor_p50);
   } else {
@@ -287,8 +294,8 @@ void Print(const Result& r, double floor_p50 = 0) {
 }
 
 void Header(const char* title) {
-  std::printf("\n%s\n%-52s %4s %9s %9s %9s %9s %9s %8s %8s\n", title, "case", "thr", "req/s",
-              "p50 us", "p99 us", "p99.9 us", "max us", "dCPU us", "p50/flr");
+  std::printf("\n%s\n%-52s %4s %9s %9s %9s %9s %9s %8s %8s %8s\n", title, "case", "thr", "req/s",
+              "p50 us", "p99 us", "p99.9 us", "max us", "dCPU us", "cCPU us", "p50/flr");
 }
 
 std::shared_ptr<grpc::Channel> NewChannel(const std::string& target, bool own_connection) {
