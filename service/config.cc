@@ -28,6 +28,7 @@ v1::DaemonConfig DefaultDaemonConfig() {
   c.set_max_expr_nodes(256);
   c.set_max_expr_depth(32);
   c.set_shutdown_grace_ms(30000);
+  c.set_eviction_interval_ms(60000);
   return c;
 }
 
@@ -136,6 +137,9 @@ absl::Status ValidateDaemonConfig(const v1::DaemonConfig& c) {
     return absl::InvalidArgumentError("tls_cert_path and tls_key_path: set both or neither");
   }
   if (c.max_queue_depth() == 0) return absl::InvalidArgumentError("max_queue_depth: must be > 0");
+  if (c.max_store_bytes() > 0 && c.eviction_interval_ms() == 0) {
+    return absl::InvalidArgumentError("eviction_interval_ms: must be > 0 with max_store_bytes");
+  }
   if (c.max_message_bytes() < 4096) {
     return absl::InvalidArgumentError("max_message_bytes: must be at least 4096");
   }

@@ -14,6 +14,7 @@
 #include <fstream>
 #include <iostream>
 #include <sstream>
+#include <thread>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -55,6 +56,33 @@ struct Daemon::Impl {
   int tcp_port = 0;
   absl::Mutex shutdown_mu;
   bool shut_down ABSL_GUARDED_BY(shutdown_mu) = false;
+
+  // Keeps the store within max_store_bytes: evicts LRU entries every
+  // eviction_interval_ms (never pinned ones, never ones used within the
+  // grace period).
+  absl::Mutex janitor_mu;
+  bool janitor_stop ABSL_GUARDED_BY(janitor_mu) = false;
+  std::thread janitor;
+
+  void JanitorLoop() {
+    Counter* evicted = metrics.GetCounter("kcache_evictions_total", "Entries evicted from the store");
+    absl::MutexLock lock(&janitor_mu);
+    const absl::Duration every = absl::Milliseconds(config.eviction_interval_ms());
+    while (!janitor_mu.AwaitWithTimeout(absl::Condition(&janitor_stop), every)) {
+      janitor_mu.Unlock();  // no lock across RocksDB I/O
+      auto r = store->Evict(config.max_store_bytes());
+      if (r.ok()) {
+        evicted->Inc(r->evicted_entries());
+        if (r->evicted_entries() > 0) {
+          std::cerr << "kcached: evicted " << r->evicted_entries() << " entries ("
+                    << r->freed_bytes() << " bytes) to stay within max_store_bytes\n";
+        }
+      } else {
+        std::cerr << "kcached: eviction failed: " << r.status().message() << "\n";
+      }
+      janitor_mu.Lock();
+    }
+  }
 };
 
 namespace {
@@ -177,7 +205,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const v1::DaemonConfig& co
   uint64_t max_spec = std::min<uint64_t>(c.max_message_bytes(), 1u << 20);
   d->kernel_service = std::make_unique<KernelServiceImpl>(
       d->backend.get(), &d->state, max_spec, absl::Milliseconds(c.default_deadline_ms()));
-  d->admin_local = std::make_unique<AdminServiceImpl>(d->store.get(), d->backend.get(), &d->state, "");
+  d->admin_local = std::make_unique<AdminServiceImpl>(d->store.get(), d->backend.get(), &d->state, "",
+                                                      &d->metrics);
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
 
@@ -225,7 +254,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const v1::DaemonConfig& co
       std::string t(absl::StripAsciiWhitespace(*token));
       if (t.empty()) return absl::InvalidArgumentError("admin_token_path: the token file is empty");
       d->admin_tcp = std::make_unique<AdminServiceImpl>(d->store.get(), d->backend.get(),
-                                                        &d->state, t);
+                                                        &d->state, t, &d->metrics);
       b.RegisterService(d->admin_tcp.get());
     }
     d->tcp_server = b.BuildAndStart();
@@ -238,6 +267,11 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const v1::DaemonConfig& co
     auto http = HttpServer::Start(c.metrics_address(), [m] { return m->Render(); });
     if (!http.ok()) return http.status();
     d->http = *std::move(http);
+  }
+
+  if (c.max_store_bytes() > 0) {
+    Impl* raw = d.get();
+    d->janitor = std::thread([raw] { raw->JanitorLoop(); });
   }
 
   // The start-up report: effective configuration, toolchain, devices.
@@ -285,6 +319,13 @@ absl::Status Daemon::Shutdown() {
   if (d.local_server) d.local_server->Shutdown(deadline);
   if (d.tcp_server) d.tcp_server->Shutdown(deadline);
   d.http.reset();
+  if (d.janitor.joinable()) {
+    {
+      absl::MutexLock jl(&d.janitor_mu);
+      d.janitor_stop = true;
+    }
+    d.janitor.join();
+  }
   absl::Status closed = d.store->Close();
   if (!d.config.socket_path().empty()) {
     std::error_code ec;

@@ -32,6 +32,39 @@ void FillResponse(const KernelAnswer& a, v1::GetKernelResponse* resp) {
   resp->set_cache_hit(a.hit);
 }
 
+// A serialized GetKernelResponse in two slices: every field but the cubin,
+// serialized by protobuf, then the cubin field (tag, length) and its bytes,
+// which stay in the answer's shared, immutable entry until gRPC has sent
+// them. Protobuf parsers accept fields in any order, so this parses as the
+// same message; a field added to GetKernelResponse later is covered too.
+void FillRawResponse(const KernelAnswer& a, grpc::ByteBuffer* out) {
+  v1::GetKernelResponse rest;
+  *rest.mutable_record() = a.record();
+  rest.set_cache_hit(a.hit);
+  std::string head = rest.SerializeAsString();
+  const std::string& cubin = a.cubin();
+  if (cubin.empty()) {  // proto3 leaves an empty bytes field out
+    grpc::Slice s(head);
+    *out = grpc::ByteBuffer(&s, 1);
+    return;
+  }
+  constexpr uint8_t kCubinTag = (v1::GetKernelResponse::kCubinFieldNumber << 3) | 2;
+  head.push_back(static_cast<char>(kCubinTag));
+  for (uint64_t n = cubin.size(); ; n >>= 7) {  // varint length
+    if (n < 0x80) {
+      head.push_back(static_cast<char>(n));
+      break;
+    }
+    head.push_back(static_cast<char>((n & 0x7f) | 0x80));
+  }
+  auto* keep = new KernelAnswer(a);  // holds the entry; freed with the slice
+  grpc::Slice slices[2] = {
+      grpc::Slice(head),
+      grpc::Slice(const_cast<char*>(cubin.data()), cubin.size(),
+                  [](void* p) { delete static_cast<KernelAnswer*>(p); }, keep)};
+  *out = grpc::ByteBuffer(slices, 2);
+}
+
 v1::Progress ToProto(const ProgressEvent& e) {
   v1::Progress p;
   p.set_phase(static_cast<v1::Progress::Phase>(static_cast<int>(e.phase) + 1));
@@ -67,9 +100,18 @@ KernelServiceImpl::~KernelServiceImpl() {
 }
 
 grpc::ServerUnaryReactor* KernelServiceImpl::GetKernel(grpc::CallbackServerContext* ctx,
-                                                       const v1::GetKernelRequest* req,
-                                                       v1::GetKernelResponse* resp) {
+                                                       const grpc::ByteBuffer* request,
+                                                       grpc::ByteBuffer* resp) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  auto req = std::make_unique<v1::GetKernelRequest>();
+  {
+    grpc::ByteBuffer bytes(*request);  // shares the slices; Deserialize consumes them
+    grpc::Status parsed = grpc::SerializationTraits<v1::GetKernelRequest>::Deserialize(&bytes, req.get());
+    if (!parsed.ok()) {
+      reactor->Finish(parsed);
+      return reactor;
+    }
+  }
   if (absl::Status st = Admit(ctx, *req); !st.ok()) {
     reactor->Finish(Reply(ctx, st));
     return reactor;
@@ -80,7 +122,7 @@ grpc::ServerUnaryReactor* KernelServiceImpl::GetKernel(grpc::CallbackServerConte
     return reactor;
   }
   if (pending->ticket == nullptr) {
-    FillResponse(pending->answer, resp);
+    FillRawResponse(pending->answer, resp);
     reactor->Finish(grpc::Status::OK);
     return reactor;
   }
@@ -102,7 +144,7 @@ grpc::ServerUnaryReactor* KernelServiceImpl::GetKernel(grpc::CallbackServerConte
       if (!r.has_value()) continue;
       auto answer = KernelBackend::Answer(*std::move(r));
       if (answer.ok()) {
-        FillResponse(*answer, resp);
+        FillRawResponse(*answer, resp);
       } else {
         status = Reply(ctx, answer.status());
       }
@@ -258,6 +300,7 @@ grpc::Status AdminServiceImpl::Evict(grpc::ServerContext* ctx, const v1::EvictRe
   if (req->grace_period_ms() > 0) grace = absl::Milliseconds(req->grace_period_ms());
   auto r = store_->Evict(req->max_bytes(), grace);
   if (!r.ok()) return Reply(ctx, r.status());
+  evicted_->Inc(r->evicted_entries());
   *resp = *std::move(r);
   return grpc::Status::OK;
 }

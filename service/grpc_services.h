@@ -2,7 +2,9 @@
 // for ops, both thin adapters over KernelBackend and Store. GetKernel uses the
 // callback API: a hit (or a refusal) is answered on the gRPC thread that read
 // the request, with no hand-off to a sync server thread (that hand-off cost
-// more than the rest of a hit; bench/service). A GetKernel that waits for a
+// more than the rest of a hit; bench/service). Its response is written as raw
+// bytes whose cubin part points into the store's shared entry, so the cubin
+// is not copied on its way to the socket. A GetKernel that waits for a
 // compile, and every other method (synchronous handlers), holds a thread of
 // its own while it waits and polls for client cancellation.
 #pragma once
@@ -16,6 +18,7 @@
 #include "cache/store.h"
 #include "kcache/v1/service.grpc.pb.h"
 #include "service/kernel_backend.h"
+#include "service/metrics.h"
 
 namespace kcache {
 
@@ -29,7 +32,7 @@ struct ServingState {
 // threads of GetKernel calls that were waiting for a compile; destroy the
 // server first.
 class KernelServiceImpl final
-    : public v1::KernelService::WithCallbackMethod_GetKernel<v1::KernelService::Service> {
+    : public v1::KernelService::WithRawCallbackMethod_GetKernel<v1::KernelService::Service> {
  public:
   KernelServiceImpl(KernelBackend* backend, const ServingState* state, uint64_t max_spec_bytes,
                     absl::Duration default_deadline)
@@ -39,11 +42,12 @@ class KernelServiceImpl final
         default_deadline_(default_deadline) {}
   ~KernelServiceImpl() override;
 
-  // The base's synchronous GetKernel is disabled (it aborts); this is the one.
-  using v1::KernelService::WithCallbackMethod_GetKernel<v1::KernelService::Service>::GetKernel;
+  // The base's synchronous GetKernel is disabled (it aborts); this is the
+  // one: a GetKernelRequest in, a GetKernelResponse out, both as bytes.
+  using v1::KernelService::WithRawCallbackMethod_GetKernel<v1::KernelService::Service>::GetKernel;
   grpc::ServerUnaryReactor* GetKernel(grpc::CallbackServerContext* ctx,
-                                      const v1::GetKernelRequest* req,
-                                      v1::GetKernelResponse* resp) override;
+                                      const grpc::ByteBuffer* request,
+                                      grpc::ByteBuffer* response) override;
   grpc::Status GetKernelStream(grpc::ServerContext* ctx, const v1::GetKernelRequest* req,
                                grpc::ServerWriter<v1::GetKernelEvent>* writer) override;
   grpc::Status Prefetch(grpc::ServerContext* ctx, const v1::PrefetchRequest* req,
@@ -73,8 +77,12 @@ class AdminServiceImpl final : public v1::AdminService::Service {
   // (the TCP listener); empty: no check (the Unix socket, guarded by its
   // file mode).
   AdminServiceImpl(Store* store, KernelBackend* backend, const ServingState* state,
-                   std::string token)
-      : store_(store), backend_(backend), state_(state), token_(std::move(token)) {}
+                   std::string token, MetricsRegistry* metrics)
+      : store_(store),
+        backend_(backend),
+        state_(state),
+        token_(std::move(token)),
+        evicted_(metrics->GetCounter("kcache_evictions_total", "Entries evicted from the store")) {}
 
   grpc::Status Stats(grpc::ServerContext* ctx, const v1::StatsRequest* req,
                      v1::StatsResponse* resp) override;
@@ -105,6 +113,7 @@ class AdminServiceImpl final : public v1::AdminService::Service {
   KernelBackend* backend_;
   const ServingState* state_;
   const std::string token_;
+  Counter* evicted_;
 };
 
 }  // namespace kcache

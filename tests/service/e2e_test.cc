@@ -335,3 +335,29 @@ TEST(DaemonE2E, AdminIsNotServedOverPlainTcp) {
 
 }  // namespace
 }  // namespace kcache
+
+namespace kcache {
+namespace {
+
+// max_store_bytes is enforced in the background: entries past the grace
+// period are evicted until the store fits, and the metric counts them.
+TEST(DaemonE2E, MaxStoreBytesEvictsInTheBackground) {
+  TempDir dir;
+  DaemonProcess d(dir.path(), {"--max_store_bytes=1", "--eviction_grace_ms=0",
+                               "--eviction_interval_ms=100", "--metrics_address=127.0.0.1:0"});
+  ASSERT_NO_FATAL_FAILURE(d.Start());
+  auto client = NewClient(d);
+  for (int i = 0; i < 2; ++i) {
+    auto r = client->Fetch(DistinctSpec(i), Sm80(), absl::Minutes(2));
+    ASSERT_TRUE(r.ok()) << r.status();
+  }
+  // Poll the observable state with a deadline: eviction runs on its own timer.
+  absl::Time until = absl::Now() + absl::Seconds(30);
+  uint64_t entries = 1;
+  while (entries > 0 && absl::Now() < until) entries = d.Stats().entries();
+  EXPECT_EQ(entries, 0u);
+  EXPECT_THAT(ReadLog(d), HasSubstr("to stay within max_store_bytes"));
+}
+
+}  // namespace
+}  // namespace kcache
