@@ -20,8 +20,8 @@
 // A plain program rather than Google Benchmark: it needs one daemon for all
 // cases, many client threads per case with merged latency percentiles, and
 // the paced mode. `--smoke` runs a few hundred requests per case (CTest).
-#include <grpcpp/grpcpp.h>
 #include <fcntl.h>
+#include <grpcpp/grpcpp.h>
 #include <grpcpp/impl/client_unary_call.h>
 #include <signal.h>
 #include <spawn.h>
@@ -49,8 +49,8 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "cache/store.h"
-#include "kcache/v1/service.grpc.pb.h"
 #include "compiler/scheduler.h"
+#include "kcache/v1/service.grpc.pb.h"
 #include "service/config.h"
 #include "service/kernel_backend.h"
 #include "service/metrics.h"
@@ -169,7 +169,8 @@ double ProcessCpuSeconds(pid_t pid) {
   if (p == nullptr) return 0;
   std::vector<std::string> fields = absl::StrSplit(p + 2, ' ');
   if (fields.size() < 13) return 0;
-  double ticks = std::strtod(fields[11].c_str(), nullptr) + std::strtod(fields[12].c_str(), nullptr);
+  double ticks =
+      std::strtod(fields[11].c_str(), nullptr) + std::strtod(fields[12].c_str(), nullptr);
   return ticks / static_cast<double>(sysconf(_SC_CLK_TCK));
 }
 
@@ -202,7 +203,8 @@ Result Run(const std::string& name, int threads, const std::function<CallFn(int)
   std::atomic<bool> stop{false};
   Clock::time_point t0;
   const uint64_t per_thread_cap =
-      g.smoke ? std::max<uint64_t>(1, static_cast<uint64_t>(g.smoke_requests / threads)) : UINT64_MAX;
+      g.smoke ? std::max<uint64_t>(1, static_cast<uint64_t>(g.smoke_requests / threads))
+              : UINT64_MAX;
   std::vector<std::thread> ts;
   for (int t = 0; t < threads; ++t) {
     ts.emplace_back([&, t] {
@@ -217,13 +219,14 @@ Result Run(const std::string& name, int threads, const std::function<CallFn(int)
       for (uint64_t i = 0; i < per_thread_cap && !stop.load(std::memory_order_relaxed); ++i) {
         Clock::time_point start = Clock::now();
         if (rate > 0) {
-          auto due = t0 + std::chrono::duration_cast<Clock::duration>(
-                              std::chrono::duration<double>(offset_s + static_cast<double>(i) * period_s));
+          auto due = t0 + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(
+                              offset_s + static_cast<double>(i) * period_s));
           if (due > start) std::this_thread::sleep_until(due);
           start = due;  // late sends count their wait
         }
         bool ok = call(t, i);
-        int64_t ns = std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start).count();
+        int64_t ns =
+            std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start).count();
         if (ok) {
           l.push_back(ns);
         } else {
@@ -266,9 +269,8 @@ Result Run(const std::string& name, int threads, const std::function<CallFn(int)
   r.p99_us = pct(0.99);
   r.p999_us = pct(0.999);
   r.max_us = all.empty() ? 0 : static_cast<double>(all.back()) / 1e3;
-  r.daemon_cpu_us = daemon > 0 && r.requests > 0
-                        ? (cpu1 - cpu0) * 1e6 / static_cast<double>(r.requests)
-                        : -1;
+  r.daemon_cpu_us =
+      daemon > 0 && r.requests > 0 ? (cpu1 - cpu0) * 1e6 / static_cast<double>(r.requests) : -1;
   r.client_cpu_us = r.requests > 0 ? (own1 - own0) * 1e6 / static_cast<double>(r.requests) : 0;
   return r;
 }
@@ -349,9 +351,10 @@ int Main(int argc, char** argv) {
     } else if (auto v = val("--daemon_arg")) {
       g.daemon_args.push_back(*v);
     } else {
-      std::cerr << "usage: load_bench [--smoke] [--seconds=5] [--threads=1,8,64] [--specs=4]\n"
-                   "  [--rates=5000,10000,20000] [--kcached=PATH] [--dir=DIR] [--daemon_arg=--x=y]\n"
-                   "  [--only=SUBSTRING_OF_CASE_NAMES]\n";
+      std::cerr
+          << "usage: load_bench [--smoke] [--seconds=5] [--threads=1,8,64] [--specs=4]\n"
+             "  [--rates=5000,10000,20000] [--kcached=PATH] [--dir=DIR] [--daemon_arg=--x=y]\n"
+             "  [--only=SUBSTRING_OF_CASE_NAMES]\n";
       return 2;
     }
   }
@@ -392,7 +395,8 @@ int Main(int argc, char** argv) {
       v1::GetKernelResponse resp;
       absl::Time t = absl::Now();
       grpc::Status st = stub->GetKernel(&ctx, reqs.back(), &resp);
-      if (!st.ok()) Die(absl::StrCat("warm-up compile ", i, ": ", st.error_message(), "; see ", d.log()));
+      if (!st.ok())
+        Die(absl::StrCat("warm-up compile ", i, ": ", st.error_message(), "; see ", d.log()));
       std::printf("spec %d: compiled in %.2f s, cubin %zu bytes, record %zu bytes\n", i,
                   absl::ToDoubleSeconds(absl::Now() - t), resp.cubin().size(),
                   resp.record().ByteSizeLong());
@@ -453,7 +457,9 @@ int Main(int argc, char** argv) {
   };
 
   std::vector<std::pair<Result, double>> rows;  // result, floor p50
-  Header("Over the Unix socket (closed loop; p50/flr = p50 over the Health/Check p50 of the same threads and channel kind)");
+  Header(
+      "Over the Unix socket (closed loop; p50/flr = p50 over the Health/Check p50 of the same "
+      "threads and channel kind)");
   for (int n : g.threads) {
     for (bool own : {true, false}) {
       if (n == 1 && !own) continue;  // one thread: one channel either way
@@ -465,15 +471,17 @@ int Main(int argc, char** argv) {
       Print(z, h.p50_us);
       Result k = Run(absl::StrCat("GetKernel hit, ", ch), n, hits(own), 0, d.pid());
       Print(k, h.p50_us);
-      if (k.errors > 0 || (k.requests == 0 && g.only.empty())) Die("GetKernel hits failed; see " + d.log());
+      if (k.errors > 0 || (k.requests == 0 && g.only.empty()))
+        Die("GetKernel hits failed; see " + d.log());
     }
   }
   if (!g.rates.empty()) {
     int n = g.smoke ? 8 : 64;
-    Header("Paced: the threads together send at a fixed rate; latency from when each request was due");
+    Header(
+        "Paced: the threads together send at a fixed rate; latency from when each request was due");
     for (double rate : g.rates) {
-      Result h = Run(absl::StrCat("floor: Health/Check @ ", rate, "/s, own channel"), n, health(true),
-                     rate, d.pid());
+      Result h = Run(absl::StrCat("floor: Health/Check @ ", rate, "/s, own channel"), n,
+                     health(true), rate, d.pid());
       Print(h);
       Result k = Run(absl::StrCat("GetKernel hit @ ", rate, "/s, own channel"), n, hits(true), rate,
                      d.pid());
@@ -483,7 +491,8 @@ int Main(int argc, char** argv) {
 
   // In process, on the daemon's store (the daemon holds its lock; stop it).
   int status = d.Stop(SIGTERM);
-  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) Die("kcached did not stop cleanly; see " + d.log());
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+    Die("kcached did not stop cleanly; see " + d.log());
   {
     StoreOptions so;  // the daemon's defaults: 256 MiB in-memory layer
     auto store = Store::Open(d.store(), so);
@@ -521,13 +530,15 @@ int Main(int argc, char** argv) {
       Print(b);
       Result r = Run("floor: KernelBackend::Resolve (validate+key)", n, [&](int) -> CallFn {
         return [&](int t, uint64_t i) {
-          return backend.Resolve(reqs[static_cast<size_t>(t + static_cast<int>(i)) % reqs.size()]).ok();
+          return backend.Resolve(reqs[static_cast<size_t>(t + static_cast<int>(i)) % reqs.size()])
+              .ok();
         };
       });
       Print(r);
       Result s = Run("floor: Store::Lookup", n, [&](int) -> CallFn {
         return [&](int t, uint64_t i) {
-          auto e = (*store)->Lookup(warm[static_cast<size_t>(t + static_cast<int>(i)) % warm.size()].record().key());
+          auto e = (*store)->Lookup(
+              warm[static_cast<size_t>(t + static_cast<int>(i)) % warm.size()].record().key());
           return e.ok() && *e != nullptr;
         };
       });
