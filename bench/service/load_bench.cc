@@ -96,8 +96,11 @@ v1::GetKernelRequest Request(int i) {
   return r;
 }
 
+pid_t g_daemon_pid = -1;  // killed by Die: exit() runs no destructors
+
 [[noreturn]] void Die(const std::string& msg) {
   std::cerr << "load_bench: " << msg << std::endl;
+  if (g_daemon_pid > 0) kill(g_daemon_pid, SIGKILL);
   std::exit(1);
 }
 
@@ -129,6 +132,7 @@ class Daemon {
     if (posix_spawn(&pid_, argv[0], &fa, nullptr, argv.data(), environ) != 0) {
       Die("cannot start " + g.kcached);
     }
+    g_daemon_pid = pid_;
     posix_spawn_file_actions_destroy(&fa);
     auto ch = grpc::CreateChannel(target(), grpc::InsecureChannelCredentials());
     absl::Time until = absl::Now() + absl::Seconds(60);
@@ -146,6 +150,7 @@ class Daemon {
     int status = 0;
     waitpid(pid_, &status, 0);
     pid_ = -1;
+    g_daemon_pid = -1;
     return status;
   }
   pid_t pid() const { return pid_; }
