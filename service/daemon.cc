@@ -315,6 +315,9 @@ absl::Status Daemon::Shutdown() {
   d.state.shutting_down.store(true);
   // Queued compiles fail with UNAVAILABLE now; running ones may finish.
   absl::Status sched = d.scheduler->Shutdown(absl::Milliseconds(d.config.shutdown_grace_ms()));
+  // Calls still waiting for a compile that outlived the grace are answered
+  // UNAVAILABLE now (clients retry), not cancelled at the servers' deadline.
+  d.state.abandon_waits.store(true);
   auto deadline = std::chrono::system_clock::now() + std::chrono::seconds(5);
   if (d.local_server) d.local_server->Shutdown(deadline);
   if (d.tcp_server) d.tcp_server->Shutdown(deadline);
@@ -325,6 +328,15 @@ absl::Status Daemon::Shutdown() {
       d.janitor_stop = true;
     }
     d.janitor.join();
+  }
+  if (!sched.ok()) {
+    // A compile still running uses the backend and publishes to the store:
+    // it must end before the store closes (and before ~Impl frees the
+    // backend, which is destroyed before the scheduler). Its worker is
+    // killed at the compile's deadline, so this wait is bounded by it.
+    std::cerr << "kcached: " << sched.message() << "; waiting for them before closing the store"
+              << std::endl;
+    d.scheduler->Shutdown(absl::InfiniteDuration()).IgnoreError();
   }
   absl::Status closed = d.store->Close();
   if (!d.config.socket_path().empty()) {

@@ -18,6 +18,10 @@ constexpr int kRetryAfterMs = 500;
 constexpr absl::Duration kCancelPoll = absl::Milliseconds(50);
 constexpr size_t kMaxImportBytes = size_t{8} << 30;
 
+absl::Status AbandonedAtShutdown() {
+  return absl::UnavailableError("kcached is shutting down; its compile was abandoned, retry");
+}
+
 grpc::Status Reply(grpc::ServerContextBase* ctx, const absl::Status& st) {
   if (st.code() == absl::StatusCode::kResourceExhausted ||
       st.code() == absl::StatusCode::kUnavailable) {
@@ -132,12 +136,16 @@ grpc::ServerUnaryReactor* KernelServiceImpl::GetKernel(grpc::CallbackServerConte
     absl::MutexLock lock(&waiters_->mu);
     ++waiters_->running;
   }
-  std::thread([ctx, resp, reactor, waiters = waiters_,
+  std::thread([ctx, resp, reactor, state = state_, waiters = waiters_,
                ticket = std::move(pending->ticket)]() mutable {
     grpc::Status status;
     for (;;) {
       if (ctx->IsCancelled()) {
         status = grpc::Status(grpc::StatusCode::CANCELLED, "client went away");
+        break;
+      }
+      if (state->abandon_waits.load()) {
+        status = Reply(ctx, AbandonedAtShutdown());
         break;
       }
       auto r = ticket->WaitUntil(absl::Now() + kCancelPoll);
@@ -191,6 +199,7 @@ grpc::Status KernelServiceImpl::GetKernelStream(grpc::ServerContext* ctx,
   if (pending->ticket != nullptr) {
     while (!result.has_value()) {
       if (ctx->IsCancelled()) return grpc::Status(grpc::StatusCode::CANCELLED, "client went away");
+      if (state_->abandon_waits.load()) return Reply(ctx, AbandonedAtShutdown());
       result = pending->ticket->WaitUntil(absl::Now() + kCancelPoll);
       drain();
     }

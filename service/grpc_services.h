@@ -22,9 +22,14 @@
 
 namespace kcache {
 
-// Set once shutdown begins: new requests are answered UNAVAILABLE.
 struct ServingState {
+  // Set once shutdown begins: new requests are answered UNAVAILABLE.
   std::atomic<bool> shutting_down{false};
+  // Set when shutdown's grace for running compiles has ended: calls still
+  // waiting for a compile are answered UNAVAILABLE (with the retry hint) at
+  // once, so that clients retry against the restarted daemon instead of
+  // being cancelled when the servers' own shutdown deadline passes.
+  std::atomic<bool> abandon_waits{false};
 };
 
 // Register one instance with one server (a callback method's handler is
