@@ -58,7 +58,12 @@ Client::~Client() {
   if (!api.ok()) return;
   for (auto& [k, f] : loads_) {
     if (f->done.HasBeenNotified() && f->loaded && f->loaded->module != nullptr) {
+      // A module is unloaded in its own context, whatever is current here.
+      auto ctx = static_cast<ci::CUcontext>(f->loaded->context);
+      if ((*api)->cuCtxPushCurrent(ctx) != 0) continue;  // context gone: nothing to free
       (*api)->cuModuleUnload(static_cast<ci::CUmodule>(f->loaded->module));
+      ci::CUcontext popped = nullptr;
+      (*api)->cuCtxPopCurrent(&popped);
     }
   }
 }
@@ -175,8 +180,16 @@ absl::StatusOr<std::shared_ptr<const LoadedKernel>> Client::Load(const v1::Atten
       return st;
     }
     // 75/76 = CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR/MINOR
-    api.cuDeviceGetAttribute(&major, 75, dev);
-    api.cuDeviceGetAttribute(&minor, 76, dev);
+    if (auto st = ci::CudaStatus(api, api.cuDeviceGetAttribute(&major, 75, dev),
+                                 "cuDeviceGetAttribute(COMPUTE_CAPABILITY_MAJOR)");
+        !st.ok()) {
+      return st;
+    }
+    if (auto st = ci::CudaStatus(api, api.cuDeviceGetAttribute(&minor, 76, dev),
+                                 "cuDeviceGetAttribute(COMPUTE_CAPABILITY_MINOR)");
+        !st.ok()) {
+      return st;
+    }
     // Arch-specific features (wgmma) need the 'a' target, which runs only
     // on exactly this compute capability: right for a cubin loaded here.
     target.set_arch(absl::StrCat("sm_", major, minor, major >= 9 ? "a" : ""));
@@ -189,8 +202,14 @@ absl::StatusOr<std::shared_ptr<const LoadedKernel>> Client::Load(const v1::Atten
   auto resp = Fetch(spec, target, deadline);
   if (!resp.ok()) return resp.status();
 
-  std::string load_key =
-      absl::StrCat((*resp)->record().key(), "@", reinterpret_cast<uintptr_t>(ctx));
+  // The context's unique id where the driver has one: a destroyed context's
+  // address can be reused by a new one, which must not get the old module.
+  unsigned long long ctx_id = reinterpret_cast<uintptr_t>(ctx);
+  if (api.cuCtxGetId != nullptr) {
+    unsigned long long id = 0;
+    if (api.cuCtxGetId(ctx, &id) == 0) ctx_id = id;
+  }
+  std::string load_key = absl::StrCat((*resp)->record().key(), "@", ctx_id);
   std::shared_ptr<Flight> flight;
   bool leader = false;
   {

@@ -39,6 +39,10 @@ Loaded LoadOnce() {
   sym(l.api.cuFuncSetAttribute, "cuFuncSetAttribute");
   sym(l.api.cuGetErrorName, "cuGetErrorName");
   sym(l.api.cuDriverGetVersion, "cuDriverGetVersion");
+  sym(l.api.cuCtxPushCurrent, "cuCtxPushCurrent_v2");
+  sym(l.api.cuCtxPopCurrent, "cuCtxPopCurrent_v2");
+  l.api.cuCtxGetId =
+      reinterpret_cast<decltype(l.api.cuCtxGetId)>(dlsym(h, "cuCtxGetId"));  // optional
   if (l.status.ok()) {
     if (CUresult rc = l.api.cuInit(0); rc != 0) l.status = CudaStatus(l.api, rc, "cuInit");
   }

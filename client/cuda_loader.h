@@ -28,6 +28,10 @@ struct CudaApi {
   CUresult (*cuFuncSetAttribute)(CUfunction, int, int);
   CUresult (*cuGetErrorName)(CUresult, const char**);
   CUresult (*cuDriverGetVersion)(int*);
+  CUresult (*cuCtxPushCurrent)(CUcontext);
+  CUresult (*cuCtxPopCurrent)(CUcontext*);
+  // Optional (CUDA 12+): a context's unique id; null where the driver lacks it.
+  CUresult (*cuCtxGetId)(CUcontext, unsigned long long*);
 };
 
 // Loads the driver once; Unavailable when there is none.
