@@ -54,24 +54,29 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(const std::string&
   int actual = ntohs(bound.ss_family == AF_INET6
                          ? reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port
                          : reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
-  return std::unique_ptr<HttpServer>(new HttpServer(fd, actual, std::move(metrics)));
+  // The pipe stops the serving thread; without it the thread could not be
+  // joined, so its failure is a start-up error.
+  int stop_pipe[2];
+  if (pipe2(stop_pipe, O_CLOEXEC) != 0) {
+    int err = errno;
+    close(fd);
+    return absl::InternalError(absl::StrCat("metrics: pipe2: ", std::strerror(err)));
+  }
+  return std::unique_ptr<HttpServer>(new HttpServer(fd, actual, stop_pipe, std::move(metrics)));
 }
 
-HttpServer::HttpServer(int fd, int port, Handler metrics)
-    : listen_fd_(fd), port_(port), metrics_(std::move(metrics)) {
-  if (pipe2(stop_pipe_, O_CLOEXEC) != 0) stop_pipe_[0] = stop_pipe_[1] = -1;
+HttpServer::HttpServer(int fd, int port, const int stop_pipe[2], Handler metrics)
+    : listen_fd_(fd), port_(port), stop_pipe_{stop_pipe[0], stop_pipe[1]}, metrics_(std::move(metrics)) {
   thread_ = std::thread([this] { Loop(); });
 }
 
 HttpServer::~HttpServer() {
-  if (stop_pipe_[1] >= 0) {
-    char c = 0;
-    (void)!write(stop_pipe_[1], &c, 1);
-  }
+  char c = 0;
+  (void)!write(stop_pipe_[1], &c, 1);
   thread_.join();
   close(listen_fd_);
-  if (stop_pipe_[0] >= 0) close(stop_pipe_[0]);
-  if (stop_pipe_[1] >= 0) close(stop_pipe_[1]);
+  close(stop_pipe_[0]);
+  close(stop_pipe_[1]);
 }
 
 void HttpServer::Loop() {
@@ -117,9 +122,14 @@ void HttpServer::Serve(int client) {
   std::string resp = absl::StrCat("HTTP/1.0 ", status, "\r\nContent-Type: ", type,
                                   "\r\nContent-Length: ", body.size(),
                                   "\r\nConnection: close\r\n\r\n", body);
+  // Same deadline for the answer: a scraper that stops reading must not
+  // hold the serving thread (and so shutdown). MSG_NOSIGNAL: no SIGPIPE.
   size_t off = 0;
   while (off < resp.size()) {
-    ssize_t n = write(client, resp.data() + off, resp.size() - off);
+    int left = static_cast<int>(absl::ToInt64Milliseconds(deadline - absl::Now()));
+    pollfd p{client, POLLOUT, 0};
+    if (left <= 0 || poll(&p, 1, left) <= 0) return;
+    ssize_t n = send(client, resp.data() + off, resp.size() - off, MSG_NOSIGNAL);
     if (n <= 0) return;
     off += static_cast<size_t>(n);
   }

@@ -24,7 +24,7 @@ class HttpServer {
   int port() const { return port_; }
 
  private:
-  HttpServer(int fd, int port, Handler metrics);
+  HttpServer(int fd, int port, const int stop_pipe[2], Handler metrics);
   void Loop();
   void Serve(int client);
 

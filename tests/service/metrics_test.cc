@@ -52,3 +52,64 @@ TEST(DaemonConfig, FlagsOverrideDefaultsAndBadFlagsAreNamed) {
 
 }  // namespace
 }  // namespace kcache
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "service/http_server.h"
+
+namespace kcache {
+namespace {
+
+std::string HttpGet(int port, const std::string& path) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    close(fd);
+    return "connect failed";
+  }
+  std::string req = "GET " + path + " HTTP/1.0\r\n\r\n";
+  (void)!write(fd, req.data(), req.size());
+  std::string resp;
+  char buf[4096];
+  ssize_t n;
+  while ((n = read(fd, buf, sizeof(buf))) > 0) resp.append(buf, static_cast<size_t>(n));
+  close(fd);
+  return resp;
+}
+
+TEST(HttpServer, ServesMetricsAndHealthAndRefusesTheRest) {
+  auto server = HttpServer::Start("127.0.0.1:0", [] { return std::string("kcache_up 1\n"); });
+  ASSERT_TRUE(server.ok()) << server.status();
+  int port = (*server)->port();
+  ASSERT_GT(port, 0);
+  std::string m = HttpGet(port, "/metrics");
+  EXPECT_THAT(m, HasSubstr("200 OK"));
+  EXPECT_THAT(m, HasSubstr("\r\n\r\nkcache_up 1\n"));
+  EXPECT_THAT(HttpGet(port, "/healthz"), HasSubstr("200 OK"));
+  EXPECT_THAT(HttpGet(port, "/secrets"), HasSubstr("404"));
+  // A client that connects and sends nothing is dropped after 2 s; the
+  // server still answers the next one.
+  int idle = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(connect(idle, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  EXPECT_THAT(HttpGet(port, "/metrics"), HasSubstr("kcache_up 1"));
+  close(idle);
+}
+
+TEST(HttpServer, BadAddressIsNamed) {
+  auto server = HttpServer::Start("localhost", [] { return std::string(); });
+  EXPECT_EQ(server.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(server.status().message()), HasSubstr("metrics_address"));
+}
+
+}  // namespace
+}  // namespace kcache
