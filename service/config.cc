@@ -140,8 +140,8 @@ absl::Status ValidateDaemonConfig(const v1::DaemonConfig& c) {
   if (c.max_store_bytes() > 0 && c.eviction_interval_ms() == 0) {
     return absl::InvalidArgumentError("eviction_interval_ms: must be > 0 with max_store_bytes");
   }
-  if (c.max_message_bytes() < 4096) {
-    return absl::InvalidArgumentError("max_message_bytes: must be at least 4096");
+  if (c.max_message_bytes() < 4096 || c.max_message_bytes() > (1u << 30)) {
+    return absl::InvalidArgumentError("max_message_bytes: must be between 4096 and 1 GiB");
   }
   return absl::OkStatus();
 }

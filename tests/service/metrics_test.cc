@@ -45,6 +45,8 @@ TEST(DaemonConfig, FlagsOverrideDefaultsAndBadFlagsAreNamed) {
   EXPECT_THAT(std::string(unknown.status().message()), HasSubstr("unknown flag --frobnicate"));
   auto zero = ParseDaemonConfig({"--max_queue_depth=0"});
   EXPECT_THAT(std::string(zero.status().message()), HasSubstr("max_queue_depth"));
+  auto huge = ParseDaemonConfig({"--max_message_bytes=4000000000"});
+  EXPECT_THAT(std::string(huge.status().message()), HasSubstr("max_message_bytes"));
   auto help = ParseDaemonConfig({"--help"});
   EXPECT_EQ(help.status().code(), absl::StatusCode::kCancelled);
   EXPECT_THAT(std::string(help.status().message()), HasSubstr("--store_path"));
