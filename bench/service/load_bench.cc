@@ -20,11 +20,9 @@
 // A plain program rather than Google Benchmark: it needs one daemon for all
 // cases, many client threads per case with merged latency percentiles, and
 // the paced mode. `--smoke` runs a few hundred requests per case (CTest).
-#include <fcntl.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/impl/client_unary_call.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -54,8 +52,7 @@
 #include "service/config.h"
 #include "service/kernel_backend.h"
 #include "service/metrics.h"
-
-extern char** environ;
+#include "tests/common/kcached_process.h"
 
 namespace kcache {
 namespace {
@@ -103,62 +100,6 @@ pid_t g_daemon_pid = -1;  // killed by Die: exit() runs no destructors
   if (g_daemon_pid > 0) kill(g_daemon_pid, SIGKILL);
   std::exit(1);
 }
-
-// --- the daemon --------------------------------------------------------------
-
-class Daemon {
- public:
-  explicit Daemon(std::string dir) : dir_(std::move(dir)) {}
-  ~Daemon() { Stop(SIGKILL); }
-  std::string socket() const { return dir_ + "/kcached.sock"; }
-  std::string target() const { return "unix:" + socket(); }
-  std::string store() const { return dir_ + "/store"; }
-  std::string log() const { return dir_ + "/kcached.log"; }
-
-  void Start() {
-    std::vector<std::string> args = {g.kcached, "--store_path=" + store(),
-                                     "--socket_path=" + socket(), "--compile_only=true",
-                                     "--compile_threads=2"};
-    args.insert(args.end(), g.daemon_args.begin(), g.daemon_args.end());
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    // Both to the log: a daemon that inherits our stdout would hold a pipe
-    // we print to open after we are gone.
-    posix_spawn_file_actions_addopen(&fa, 1, log().c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
-    posix_spawn_file_actions_adddup2(&fa, 1, 2);
-    if (posix_spawn(&pid_, argv[0], &fa, nullptr, argv.data(), environ) != 0) {
-      Die("cannot start " + g.kcached);
-    }
-    g_daemon_pid = pid_;
-    posix_spawn_file_actions_destroy(&fa);
-    auto ch = grpc::CreateChannel(target(), grpc::InsecureChannelCredentials());
-    absl::Time until = absl::Now() + absl::Seconds(60);
-    while (absl::Now() < until) {
-      int status = 0;
-      if (waitpid(pid_, &status, WNOHANG) != 0) Die("kcached exited at start; see " + log());
-      if (ch->WaitForConnected(absl::ToChronoTime(absl::Now() + absl::Milliseconds(200)))) return;
-    }
-    Die("kcached did not start within 60 s; see " + log());
-  }
-
-  int Stop(int sig = SIGTERM) {
-    if (pid_ <= 0) return 0;
-    kill(pid_, sig);
-    int status = 0;
-    waitpid(pid_, &status, 0);
-    pid_ = -1;
-    g_daemon_pid = -1;
-    return status;
-  }
-  pid_t pid() const { return pid_; }
-
- private:
-  std::string dir_;
-  pid_t pid_ = -1;
-};
 
 // CPU time (user + system, seconds) of a process, from /proc.
 double ProcessCpuSeconds(pid_t pid) {
@@ -382,8 +323,15 @@ int Main(int argc, char** argv) {
   fs::create_directories(g.dir);
   signal(SIGPIPE, SIG_IGN);
 
-  Daemon d(g.dir);
-  d.Start();
+  // A real kcached (tests/common/kcached_process.h) on g.dir.
+  testing::KcachedProcess d({.binary = g.kcached,
+                             .store_path = g.dir + "/store",
+                             .socket_path = g.dir + "/kcached.sock",
+                             .log_path = g.dir + "/kcached.log",
+                             .extra_args = g.daemon_args});
+  absl::Status started = d.TryStart();
+  g_daemon_pid = d.pid();
+  if (!started.ok()) Die(std::string(started.message()));
   std::printf("kcached %s, store %s, %u CPUs\n", g.kcached.c_str(), d.store().c_str(),
               std::thread::hardware_concurrency());
   std::fflush(stdout);
@@ -401,7 +349,7 @@ int Main(int argc, char** argv) {
       absl::Time t = absl::Now();
       grpc::Status st = stub->GetKernel(&ctx, reqs.back(), &resp);
       if (!st.ok())
-        Die(absl::StrCat("warm-up compile ", i, ": ", st.error_message(), "; see ", d.log()));
+        Die(absl::StrCat("warm-up compile ", i, ": ", st.error_message(), "; see ", d.log_path()));
       std::printf("spec %d: compiled in %.2f s, cubin %zu bytes, record %zu bytes\n", i,
                   absl::ToDoubleSeconds(absl::Now() - t), resp.cubin().size(),
                   resp.record().ByteSizeLong());
@@ -477,7 +425,7 @@ int Main(int argc, char** argv) {
       Result k = Run(absl::StrCat("GetKernel hit, ", ch), n, hits(own), 0, d.pid());
       Print(k, h.p50_us);
       if (k.errors > 0 || (k.requests == 0 && g.only.empty()))
-        Die("GetKernel hits failed; see " + d.log());
+        Die("GetKernel hits failed; see " + d.log_path());
     }
   }
   if (!g.rates.empty()) {
@@ -496,8 +444,9 @@ int Main(int argc, char** argv) {
 
   // In process, on the daemon's store (the daemon holds its lock; stop it).
   int status = d.Stop(SIGTERM);
+  g_daemon_pid = -1;
   if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
-    Die("kcached did not stop cleanly; see " + d.log());
+    Die("kcached did not stop cleanly; see " + d.log_path());
   {
     StoreOptions so;  // the daemon's defaults: 256 MiB in-memory layer
     auto store = Store::Open(d.store(), so);

@@ -1,5 +1,5 @@
 """Fixtures for the kcache Python package tests: a real kcached in compile-only mode on a
-temporary store and socket (like tests/service/daemon_process.h), and the import paths.
+temporary store and socket (like tests/common/daemon_process.h), and the import paths.
 
 Run by CTest (python_client_test), which sets PYTHONPATH, KCACHE_TEST_KCACHED and
 KCACHE_TEST_LAYOUT_PROBE. By hand, from the repository root:

@@ -13,7 +13,7 @@
 #include "gtest/gtest.h"
 #include "kernels/attention_params.h"
 #include "tests/cache/test_util.h"
-#include "tests/service/daemon_process.h"
+#include "tests/common/daemon_process.h"
 
 namespace kcache {
 namespace {

@@ -3,10 +3,8 @@
 #include <grpcpp/grpcpp.h>
 
 #include <barrier>
-#include <fstream>
 #include <map>
 #include <set>
-#include <sstream>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -14,12 +12,13 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/cache/test_util.h"
-#include "tests/service/daemon_process.h"
+#include "tests/common/daemon_process.h"
 
 namespace kcache {
 namespace {
 
 using ::kcache::testing::DaemonProcess;
+using ::kcache::testing::ReadFileOrEmpty;
 using ::kcache::testing::StatusIs;
 using ::kcache::testing::TempDir;
 using ::testing::HasSubstr;
@@ -50,12 +49,7 @@ std::unique_ptr<Client> NewClient(const DaemonProcess& d) {
   return *std::move(c);
 }
 
-std::string ReadLog(const DaemonProcess& d) {
-  std::ifstream in(d.log_path());
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
+std::string ReadLog(const DaemonProcess& d) { return ReadFileOrEmpty(d.log_path()); }
 
 // 32 threads (each with its own client, so nothing is shared on the client
 // side) ask for 8 distinct specs at once, from cold.
@@ -288,10 +282,7 @@ TEST(DaemonE2E, SecondDaemonOnTheSameStoreIsRefused) {
                                  " 2>", dir.Sub("second.log"));
   int rc = std::system(cmd.c_str());
   EXPECT_NE(rc, 0);
-  std::ifstream in(dir.Sub("second.log"));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  EXPECT_THAT(ss.str(), HasSubstr("store_path"));
+  EXPECT_THAT(ReadFileOrEmpty(dir.Sub("second.log")), HasSubstr("store_path"));
 }
 
 }  // namespace

@@ -15,7 +15,7 @@
 namespace kcache {
 namespace {
 
-using ::kcache::testing::Daemon;
+using ::kcache::testing::DaemonProcess;
 using ::kcache::testing::RunTool;
 using ::kcache::testing::TempDir;
 using ::kcache::testing::ToolRun;
@@ -43,7 +43,7 @@ void WriteFile(const std::string& path, const std::string& text) { std::ofstream
 TEST(KcacheE2E, WarmExportImportThenANewDaemonServesEveryEntryAsAHit) {
   TempDir dir;
   // 1. CI: a compile-only daemon (no GPU) and `kcache warm`.
-  Daemon ci(dir.Sub("ci-store"), dir.Sub("ci.sock"));
+  DaemonProcess ci({.store_path = dir.Sub("ci-store"), .socket_path = dir.Sub("ci.sock")});
   ASSERT_NO_FATAL_FAILURE(ci.Start());
   ToolRun warm = RunTool(dir.path(), {"--socket", ci.socket(), "warm", kSampleManifest});
   ASSERT_EQ(warm.exit_code, 0) << Describe(warm);
@@ -67,7 +67,7 @@ TEST(KcacheE2E, WarmExportImportThenANewDaemonServesEveryEntryAsAHit) {
   EXPECT_THAT(imp.out, HasSubstr(absl::StrCat("imported ", kSampleKernels, " entries")));
 
   // 4. A daemon on that store serves every manifest entry as a hit.
-  Daemon node(node_store, dir.Sub("node.sock"));
+  DaemonProcess node({.store_path = node_store, .socket_path = dir.Sub("node.sock")});
   ASSERT_NO_FATAL_FAILURE(node.Start());
   ToolRun again =
       RunTool(dir.path(), {"--socket", node.socket(), "--json", "warm", kSampleManifest});
@@ -88,7 +88,7 @@ TEST(KcacheE2E, WarmExportImportThenANewDaemonServesEveryEntryAsAHit) {
 
 TEST(KcacheE2E, WarmListsEverySpecThatFailedAndWhyAndExitsOne) {
   TempDir dir;
-  Daemon d(dir.Sub("store"), dir.Sub("d.sock"));
+  DaemonProcess d({.store_path = dir.Sub("store"), .socket_path = dir.Sub("d.sock")});
   ASSERT_NO_FATAL_FAILURE(d.Start());
   WriteFile(dir.Sub("bad.yaml"), R"(
 archs: [sm_80]
@@ -136,14 +136,18 @@ TEST(KcacheE2E, TwoToolchainsOnOneStoreThenInvalidateTheOldOne) {
   const std::string store = dir.Sub("store");
   std::string old_id, new_id;
   {
-    Daemon d(store, dir.Sub("d.sock"), {"--toolchain_salt=old"});
+    DaemonProcess d({.store_path = store,
+                     .socket_path = dir.Sub("d.sock"),
+                     .extra_args = {"--toolchain_salt=old"}});
     ASSERT_NO_FATAL_FAILURE(d.Start());
     old_id = d.Stats().toolchain().id();
     ToolRun r = RunTool(dir.path(), {"--socket", d.socket(), "warm", dir.Sub("one.yaml")});
     ASSERT_EQ(r.exit_code, 0) << Describe(r);
     EXPECT_EQ(d.Stop(), 0);
   }
-  Daemon d(store, dir.Sub("d.sock"), {"--toolchain_salt=new"});
+  DaemonProcess d({.store_path = store,
+                   .socket_path = dir.Sub("d.sock"),
+                   .extra_args = {"--toolchain_salt=new"}});
   ASSERT_NO_FATAL_FAILURE(d.Start());
   new_id = d.Stats().toolchain().id();
   ASSERT_NE(old_id, new_id);

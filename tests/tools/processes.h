@@ -1,34 +1,21 @@
-// Child processes for the kcache CLI's end-to-end tests: a real kcached
-// (compile-only) on a given store and socket, and runs of the kcache binary
-// with their exit status and output.
+// Child processes for the kcache CLI's end-to-end tests: runs of the kcache
+// binary with their exit status and output. The daemons they talk to are
+// DaemonProcess (tests/common/daemon_process.h).
 #pragma once
 
 #include <fcntl.h>
-#include <grpcpp/grpcpp.h>
-#include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
-#include <unistd.h>
 
-#include <fstream>
-#include <sstream>
+#include <cstdio>
 #include <string>
 #include <vector>
 
-#include "absl/time/clock.h"
-#include "gtest/gtest.h"
-#include "kcache/v1/service.grpc.pb.h"
+#include "tests/common/daemon_process.h"
 
 extern char** environ;
 
 namespace kcache::testing {
-
-inline std::string ReadFileOrEmpty(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 // Spawns argv with stdout and stderr to files; returns the pid.
 inline pid_t Spawn(const std::vector<std::string>& args, const std::string& out_path,
@@ -68,63 +55,5 @@ inline ToolRun RunTool(const std::string& dir, std::vector<std::string> args) {
   r.err = ReadFileOrEmpty(err);
   return r;
 }
-
-// A compile-only kcached on `store` with its socket at `socket`.
-class Daemon {
- public:
-  Daemon(std::string store, std::string socket, std::vector<std::string> extra = {})
-      : store_(std::move(store)), socket_(std::move(socket)), extra_(std::move(extra)) {}
-  ~Daemon() { Stop(SIGKILL); }
-
-  const std::string& socket() const { return socket_; }
-  std::string log_path() const { return socket_ + ".log"; }
-
-  // Starts kcached and waits (bounded) until it accepts connections.
-  void Start() {
-    std::vector<std::string> args = {KCACHE_TEST_KCACHED_PATH, "--store_path=" + store_,
-                                     "--socket_path=" + socket_, "--compile_only=true",
-                                     "--compile_threads=2"};
-    args.insert(args.end(), extra_.begin(), extra_.end());
-    pid_ = Spawn(args, "/dev/null", log_path());
-    ASSERT_GT(pid_, 0);
-    auto channel = grpc::CreateChannel("unix:" + socket_, grpc::InsecureChannelCredentials());
-    absl::Time until = absl::Now() + absl::Seconds(60);
-    while (absl::Now() < until) {
-      int status = 0;
-      ASSERT_EQ(waitpid(pid_, &status, WNOHANG), 0)
-          << "kcached exited at start: " << ReadFileOrEmpty(log_path());
-      if (channel->WaitForConnected(absl::ToChronoTime(absl::Now() + absl::Milliseconds(200)))) {
-        return;
-      }
-    }
-    FAIL() << "kcached did not start within 60 s: " << ReadFileOrEmpty(log_path());
-  }
-
-  // SIGTERM (graceful) by default; returns the wait status.
-  int Stop(int sig = SIGTERM) {
-    if (pid_ <= 0) return 0;
-    kill(pid_, sig);
-    int status = 0;
-    waitpid(pid_, &status, 0);
-    pid_ = -1;
-    return status;
-  }
-
-  v1::StatsResponse Stats() {
-    auto stub = v1::AdminService::NewStub(
-        grpc::CreateChannel("unix:" + socket_, grpc::InsecureChannelCredentials()));
-    grpc::ClientContext ctx;
-    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
-    v1::StatsResponse resp;
-    grpc::Status st = stub->Stats(&ctx, v1::StatsRequest(), &resp);
-    EXPECT_TRUE(st.ok()) << st.error_message();
-    return resp;
-  }
-
- private:
-  std::string store_, socket_;
-  std::vector<std::string> extra_;
-  pid_t pid_ = -1;
-};
 
 }  // namespace kcache::testing
