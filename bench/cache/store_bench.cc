@@ -21,11 +21,13 @@
 #include "cache/key.h"
 #include "cache/store.h"
 #include "rocksdb/db.h"
+#include "tests/cache/make_cubin.h"
 
 namespace kcache {
 namespace {
 
 namespace fs = std::filesystem;
+using testing::MakeCubin;
 
 bool g_smoke = false;
 std::string g_dir;
@@ -58,23 +60,6 @@ v1::KernelRecord Record(uint64_t n) {
   return r;
 }
 
-// Compressible like machine code: random 16-byte words, each repeated 1-4 times.
-std::string Cubin(size_t size, uint64_t seed) {
-  std::mt19937_64 rng(seed * 0x9e3779b97f4a7c15ULL + 1);
-  std::string out;
-  out.reserve(size + 64);
-  while (out.size() < size) {
-    uint64_t a = rng(), b = rng();
-    int repeat = static_cast<int>(rng() % 4) + 1;
-    for (int i = 0; i < repeat; ++i) {
-      out.append(reinterpret_cast<const char*>(&a), 8);
-      out.append(reinterpret_cast<const char*>(&b), 8);
-    }
-  }
-  out.resize(size);
-  return out;
-}
-
 StoreOptions BenchOptions(bool hot) {
   StoreOptions o;
   o.hot_cache_bytes = hot ? size_t{256} << 20 : 0;
@@ -93,7 +78,7 @@ std::string EnsureStore(const std::string& name, size_t n, size_t blob) {
   for (size_t i = 0; i < n;) {
     std::vector<PublishItem> batch;
     for (size_t j = 0; j < per_batch && i < n; ++j, ++i) {
-      batch.push_back({Record(i), Cubin(blob, i)});
+      batch.push_back({Record(i), MakeCubin(blob, i)});
     }
     if (!(*store)->PublishBatch(std::move(batch), /*sync=*/false).ok()) std::abort();
   }
@@ -172,7 +157,7 @@ void BM_Publish_200KB_into_10k(benchmark::State& state) {
   for (auto _ : state) {
     state.PauseTiming();
     v1::KernelRecord r = Record(n + i);  // beyond the bulk-loaded keys
-    std::string cubin = Cubin(200 * 1024, 1'000'000'000 + i);
+    std::string cubin = MakeCubin(200 * 1024, 1'000'000'000 + i);
     ++i;
     state.ResumeTiming();
     us.push_back(TimeUs([&] {

@@ -17,7 +17,6 @@ namespace {
 using ::kcache::testing::IsOk;
 using ::kcache::testing::MakeCubin;
 using ::kcache::testing::MakeRecord;
-using ::kcache::testing::MakeToolchain;
 using ::kcache::testing::TempDir;
 using ::testing::HasSubstr;
 

@@ -1,12 +1,12 @@
 // Helpers for the store tests: a fresh temporary directory per test, status
-// matchers, and records/cubins built the way the compiler will build them.
+// matchers, and records/cubins built the way the compiler will build them
+// (MakeCubin lives in make_cubin.h, which the benchmarks share).
 #pragma once
 
 #include <stdlib.h>
 
 #include <cstdint>
 #include <filesystem>
-#include <random>
 #include <string>
 
 #include "absl/status/status.h"
@@ -17,6 +17,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kcache/v1/record.pb.h"
+#include "tests/cache/make_cubin.h"
 
 namespace kcache::testing {
 
@@ -89,24 +90,6 @@ inline v1::KernelRecord MakeRecord(uint64_t n, const v1::Toolchain& toolchain = 
   ep->set_role(v1::ENTRY_ROLE_FORWARD);
   ep->set_threads(128);
   return r;
-}
-
-// Deterministic pseudo-random bytes, compressible like real code (runs of
-// repeated 16-byte words) so that zstd has work to do.
-inline std::string MakeCubin(size_t size, uint64_t seed) {
-  std::mt19937_64 rng(seed * 0x9e3779b97f4a7c15ULL + 1);
-  std::string out;
-  out.reserve(size + 16);
-  while (out.size() < size) {
-    uint64_t a = rng(), b = rng();
-    int repeat = static_cast<int>(rng() % 4) + 1;
-    for (int i = 0; i < repeat; ++i) {
-      out.append(reinterpret_cast<const char*>(&a), 8);
-      out.append(reinterpret_cast<const char*>(&b), 8);
-    }
-  }
-  out.resize(size);
-  return out;
 }
 
 }  // namespace kcache::testing
