@@ -52,6 +52,7 @@
 #include "service/config.h"
 #include "service/kernel_backend.h"
 #include "service/metrics.h"
+#include "tests/common/distinct_spec.h"
 #include "tests/common/kcached_process.h"
 
 namespace kcache {
@@ -75,20 +76,9 @@ struct Flags {
 
 Flags g;
 
-// Distinct specs that mean distinct kernels (the e2e test's set).
-v1::AttentionSpec Spec(int i) {
-  v1::AttentionSpec s;
-  s.set_dtype(i & 1 ? v1::DTYPE_FP16 : v1::DTYPE_BF16);
-  s.set_head_dim_qk(i & 2 ? 128 : 64);
-  s.set_num_q_heads(8);
-  s.set_num_kv_heads(i & 4 ? 2 : 8);
-  s.mutable_mask()->mutable_causal();
-  return s;
-}
-
 v1::GetKernelRequest Request(int i) {
   v1::GetKernelRequest r;
-  *r.mutable_spec() = Spec(i);
+  *r.mutable_spec() = testing::DistinctSpec(i);  // distinct specs, distinct kernels
   r.mutable_target()->set_arch("sm_80");
   return r;
 }

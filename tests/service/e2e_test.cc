@@ -13,27 +13,17 @@
 #include "gtest/gtest.h"
 #include "tests/cache/test_util.h"
 #include "tests/common/daemon_process.h"
+#include "tests/common/distinct_spec.h"
 
 namespace kcache {
 namespace {
 
 using ::kcache::testing::DaemonProcess;
+using ::kcache::testing::DistinctSpec;
 using ::kcache::testing::ReadFileOrEmpty;
 using ::kcache::testing::StatusIs;
 using ::kcache::testing::TempDir;
 using ::testing::HasSubstr;
-
-// Eight specs that mean eight different kernels.
-v1::AttentionSpec DistinctSpec(int i, float scale = 0) {
-  v1::AttentionSpec s;
-  s.set_dtype(i & 1 ? v1::DTYPE_FP16 : v1::DTYPE_BF16);
-  s.set_head_dim_qk(i & 2 ? 128 : 64);
-  s.set_num_q_heads(8);
-  s.set_num_kv_heads(i & 4 ? 2 : 8);
-  s.mutable_mask()->mutable_causal();
-  if (scale != 0) s.set_softmax_scale(scale);
-  return s;
-}
 
 v1::Target Sm80() {
   v1::Target t;
