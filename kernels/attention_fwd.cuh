@@ -903,6 +903,24 @@ extern "C" __global__ void __launch_bounds__(KC_NUM_WARPS * 32)
     for (int kk = 0; kk < kKV; ++kk) wgmma_rs(o[0], pa[kk], dv0 + ((kk * 16 * 128) >> 4));
     wgmma_commit();
   };
+  // P as the A operand of P V: zeros when this warp sees none of the tile.
+  auto zero_p = [&](unsigned (&pa)[kKV][4]) {
+#pragma unroll
+    for (int kk = 0; kk < kKV; ++kk) pa[kk][0] = pa[kk][1] = pa[kk][2] = pa[kk][3] = 0u;
+  };
+  // One key tile's masked online softmax (O rescaled to match), packed as P.
+  auto softmax_to_p = [&](float (&s)[kMT][kNT][4], float (&alpha)[kMT][2],
+                          unsigned (&pa)[kKV][4], int n0, int wcls,
+                          const unsigned (&vbits)[kVW]) {
+    if (wcls != 0) {
+      score_and_mask(s, n0, wcls, vbits);
+      softmax(s, alpha);
+      rescale_o(alpha);
+      pack_p(s, pa);
+    } else {
+      zero_p(pa);
+    }
+  };
 #endif
 
 #if KC_WGMMA_HEAD_DIMS
@@ -941,15 +959,7 @@ extern "C" __global__ void __launch_bounds__(KC_NUM_WARPS * 32)
       wgmma_wait<0>();
       fence_regs(s[0]);
       unsigned pa[kKV][4];
-      if (wcls != 0) {
-        score_and_mask(s, n0, wcls, vbits);
-        softmax(s, alpha);
-        rescale_o(alpha);
-        pack_p(s, pa);
-      } else {
-#pragma unroll
-        for (int kk = 0; kk < kKV; ++kk) pa[kk][0] = pa[kk][1] = pa[kk][2] = pa[kk][3] = 0u;
-      }
+      softmax_to_p(s, alpha, pa, n0, wcls, vbits);
       named_bar_sync(1 + wg, kThreads);
       pv_wgmma(pa, stage);
       if (wg == 0 || i + 1 < n_iter) named_bar_arrive(2 - wg, kThreads);
@@ -991,15 +1001,7 @@ extern "C" __global__ void __launch_bounds__(KC_NUM_WARPS * 32)
           wgmma_wait<0>();
           fence_regs(s[0]);
           unsigned pa[kKV][4];
-          if (wcls != 0) {
-            score_and_mask(s, n0, wcls, vbits);
-            softmax(s, alpha);
-            rescale_o(alpha);
-            pack_p(s, pa);
-          } else {
-#pragma unroll
-            for (int kk = 0; kk < kKV; ++kk) pa[kk][0] = pa[kk][1] = pa[kk][2] = pa[kk][3] = 0u;
-          }
+          softmax_to_p(s, alpha, pa, n0, wcls, vbits);
           pv_wgmma(pa, stage);
           wgmma_wait<0>();
           fence_regs(o[0]);
@@ -1062,8 +1064,7 @@ extern "C" __global__ void __launch_bounds__(KC_NUM_WARPS * 32)
         rescale_o(alpha);
         pack_p(s, pa);
       } else {
-#pragma unroll
-        for (int kk = 0; kk < kKV; ++kk) pa[kk][0] = pa[kk][1] = pa[kk][2] = pa[kk][3] = 0u;
+        zero_p(pa);
       }
       prev_stage = stage;
       stage = stage + 1 == kStages ? 0 : stage + 1;
