@@ -37,8 +37,9 @@ suite cuda_driver_gpu_test 120 .devcarry/bin/cuda_driver_gpu_test
 suite client_gpu_test 180 env KCACHE_TEST_KCACHED="$PWD/dist/kcached" .devcarry/bin/client_gpu_test
 suite python_gpu_e2e 240 python3 tests/python/gpu_e2e.py --kcached dist/kcached \
   --pythonpath-gen .devcarry/pygen
+# KERNEL_SELECT: a regex on variant names (e.g. sm90a) to check a subset.
 suite kernel_correctness 300 python3 tests/kernels/test_attention_fwd.py --cases "$CASES" \
-  --seed "$SEED" --log "$LOGS/kernel_cases.log"
+  --seed "$SEED" --log "$LOGS/kernel_cases.log" ${KERNEL_SELECT:+--select "$KERNEL_SELECT"}
 if [[ -n ${BENCH:-} ]]; then
   suite attention_bench 300 python3 bench/attention/bench_attention.py --json "$LOGS/bench.json"
 fi
