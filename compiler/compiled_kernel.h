@@ -1,18 +1,13 @@
 // The unit of work the compile scheduler hands to every waiter of one key: a
-// finished record and its cubin bytes. Shared as
-// std::shared_ptr<const CompiledKernel>, so all waiters of one compile see the
-// very same object; it is immutable once shared.
+// finished record and its cubin bytes, exactly what the store publishes and
+// serves (cache/entry.h). Shared as std::shared_ptr<const CompiledKernel>, so
+// all waiters of one compile see the very same object; immutable once shared.
 #pragma once
 
-#include <string>
-
-#include "kcache/v1/record.pb.h"
+#include "cache/entry.h"
 
 namespace kcache {
 
-struct CompiledKernel {
-  v1::KernelRecord record;
-  std::string cubin;
-};
+using CompiledKernel = Entry;
 
 }  // namespace kcache

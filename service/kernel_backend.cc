@@ -87,14 +87,8 @@ absl::StatusOr<ResolvedRequest> KernelBackend::Resolve(const v1::GetKernelReques
 
 CompileResult KernelBackend::Compile(const ResolvedRequest& r, absl::Time compile_deadline,
                                      const ReportFn& report) {
-  auto to_compiled = [](const Entry& e) {
-    auto ck = std::make_shared<CompiledKernel>();
-    ck->record = e.record;
-    ck->cubin = e.cubin;
-    return std::shared_ptr<const CompiledKernel>(std::move(ck));
-  };
   auto existing = deps_.store->Lookup(r.id.key);
-  if (existing.ok() && *existing != nullptr) return to_compiled(**existing);
+  if (existing.ok() && *existing != nullptr) return *std::move(existing);
   const absl::Time start = absl::Now();
   compiles_->Inc();
   auto fail = [&](absl::Status st) -> CompileResult {
@@ -115,7 +109,7 @@ CompileResult KernelBackend::Compile(const ResolvedRequest& r, absl::Time compil
   auto entry = deps_.store->Publish(std::move(build->record), std::move(build->cubin));
   if (!entry.ok()) return fail(entry.status());
   compile_seconds_->Observe(absl::ToDoubleSeconds(absl::Now() - start));
-  return to_compiled(**entry);
+  return *std::move(entry);
 }
 
 JobFn KernelBackend::MakeJob(std::shared_ptr<const ResolvedRequest> r,
@@ -164,7 +158,7 @@ absl::StatusOr<KernelBackend::Pending> KernelBackend::Begin(const v1::GetKernelR
 absl::StatusOr<KernelAnswer> KernelBackend::Answer(CompileResult result) {
   if (!result.ok()) return result.status();
   KernelAnswer answer;
-  answer.compiled = *std::move(result);
+  answer.entry = *std::move(result);
   return answer;
 }
 

@@ -44,13 +44,13 @@ struct ResolvedRequest {
   int device = -1;       // device that verifies, or -1
 };
 
-// What a GetKernel answers: the record and cubin, shared and immutable.
+// What a GetKernel answers: the record and cubin, shared and immutable
+// (the store's entry, whether it was a hit or the result of a compile).
 struct KernelAnswer {
-  EntryRef entry;                                 // set on a store hit
-  std::shared_ptr<const CompiledKernel> compiled;  // set after a compile
+  EntryRef entry;
   bool hit = false;
-  const v1::KernelRecord& record() const { return entry ? entry->record : compiled->record; }
-  const std::string& cubin() const { return entry ? entry->cubin : compiled->cubin; }
+  const v1::KernelRecord& record() const { return entry->record; }
+  const std::string& cubin() const { return entry->cubin; }
 };
 
 class KernelBackend {
