@@ -120,4 +120,63 @@ KC_TILES_HD constexpr AttentionTiles SelectAttentionTiles(int arch, int head_dim
   return AttentionTilesLegal(t, arch, head_dim_qk, head_dim_v) ? t : zero;
 }
 
+// ---------------------------------------------------------------------------
+// Backward tiles (attention_bwd.cuh). Two kernels share one configuration:
+//   kcache_attn_bwd_dkdv: a CTA owns block_n keys of one (batch, kv head),
+//     16 per warp, and walks the query tiles of block_m rows that see them
+//     (over every query head of the GQA group);
+//   kcache_attn_bwd_dq (deterministic mode): a CTA owns block_m query rows
+//     of one (batch, query head), 16 per warp, and walks key tiles of
+//     block_n.
+// Today block_m == block_n == 16 * num_warps with 4 warps (64 x 64): the
+// dK and dV accumulators (2 x 16 x d fp32 per warp) leave no register room
+// for larger S tiles on mma.sync. Head dims up to 128.
+// ---------------------------------------------------------------------------
+struct AttentionBwdTiles {
+  int block_m;
+  int block_n;
+  int num_warps;
+  int smem_dkdv;  // dynamic shared memory of kcache_attn_bwd_dkdv
+  int smem_dq;    // dynamic shared memory of kcache_attn_bwd_dq
+};
+
+// Threads of the elementwise backward kernels (preprocess, dQ conversion),
+// each CTA covering kAttnBwdRowsPerCta query rows of one (batch, head).
+constexpr int kAttnBwdRowsPerCta = 64;
+constexpr int kAttnBwdAuxThreads = 256;
+
+// dK/dV kernel: K and V of the CTA's keys, two stages of Q and dO, the dS^T
+// tile, two stages of (LSE, delta) and per-row mask data, the query-tile
+// list and counters, and 1024 bytes of alignment slack.
+KC_TILES_HD constexpr int AttentionBwdDkdvSmemBytes(int block_m, int block_n, int dqk, int dv) {
+  return block_n * (dqk + dv) * 2 + 2 * block_m * (dqk + dv) * 2 + block_n * block_m * 2 +
+         2 * block_m * 8 + 2 * block_m * 16 + 2 * kAttnMaxListTiles + 16 + 1024;
+}
+
+// dQ kernel: Q and dO of the CTA's rows, two stages of K and V, per-row
+// mask data, the key-tile list and counters, and the alignment slack.
+KC_TILES_HD constexpr int AttentionBwdDqSmemBytes(int block_m, int block_n, int dqk, int dv) {
+  return block_m * (dqk + dv) * 2 + 2 * block_n * (dqk + dv) * 2 + block_m * 16 +
+         2 * kAttnMaxListTiles + 16 + 1024;
+}
+
+// The backward configuration for a spec, or all zeros when unsupported
+// (head dims other than 64 / 128, or shared memory past the limit).
+KC_TILES_HD constexpr AttentionBwdTiles SelectAttentionBwdTiles(int arch, int head_dim_qk,
+                                                                int head_dim_v, int mask_kind,
+                                                                bool is_fp16, bool sm90a = false) {
+  (void)mask_kind;
+  (void)is_fp16;
+  (void)sm90a;
+  const AttentionBwdTiles zero{0, 0, 0, 0, 0};
+  if (AttentionMaxSmemPerBlock(arch) == 0) return zero;
+  if ((head_dim_qk != 64 && head_dim_qk != 128) || (head_dim_v != 64 && head_dim_v != 128)) {
+    return zero;
+  }
+  const AttentionBwdTiles t{64, 64, 4, AttentionBwdDkdvSmemBytes(64, 64, head_dim_qk, head_dim_v),
+                            AttentionBwdDqSmemBytes(64, 64, head_dim_qk, head_dim_v)};
+  const int limit = AttentionMaxSmemPerBlock(arch);
+  return t.smem_dkdv <= limit && t.smem_dq <= limit ? t : zero;
+}
+
 }  // namespace kcache
