@@ -145,19 +145,26 @@ struct AttentionBwdTiles {
 constexpr int kAttnBwdRowsPerCta = 64;
 constexpr int kAttnBwdAuxThreads = 256;
 
+// The backward kernels walk a list of non-empty tiles built in shared memory
+// (uint32 entries: tile, query head within the GQA group, class). Past this
+// many entries every tile in range is treated as partial: still correct, no
+// longer sparse. Smaller than the forward's so that two dK/dV CTAs of head
+// dim 128 fit one SM.
+constexpr int kAttnBwdMaxList = 1024;
+
 // dK/dV kernel: K and V of the CTA's keys, two stages of Q and dO, the dS^T
-// tile, two stages of (LSE, delta) and per-row mask data, the query-tile
-// list and counters, and 1024 bytes of alignment slack.
+// tile, two stages of (LSE, delta) and of per-row mask data, the tile list
+// and counters. No alignment slack: the backward has no wgmma path.
 KC_TILES_HD constexpr int AttentionBwdDkdvSmemBytes(int block_m, int block_n, int dqk, int dv) {
   return block_n * (dqk + dv) * 2 + 2 * block_m * (dqk + dv) * 2 + block_n * block_m * 2 +
-         2 * block_m * 8 + 2 * block_m * 16 + 2 * kAttnMaxListTiles + 16 + 1024;
+         2 * block_m * 8 + 2 * block_m * 16 + 4 * kAttnBwdMaxList + 16;
 }
 
 // dQ kernel: Q and dO of the CTA's rows, two stages of K and V, per-row
-// mask data, the key-tile list and counters, and the alignment slack.
+// mask data, the tile list and counters.
 KC_TILES_HD constexpr int AttentionBwdDqSmemBytes(int block_m, int block_n, int dqk, int dv) {
   return block_m * (dqk + dv) * 2 + 2 * block_n * (dqk + dv) * 2 + block_m * 16 +
-         2 * kAttnMaxListTiles + 16 + 1024;
+         4 * kAttnBwdMaxList + 16;
 }
 
 // The backward configuration for a spec, or all zeros when unsupported
