@@ -20,7 +20,10 @@ import sys
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 KERNELS = os.path.join(REPO, "kernels")
-HEADERS = ["attention_params.h", "attention_tiles.h", "attention_fwd.cuh"]
+# Every file of kernels/ (*.h, *.cuh) is handed to NVRTC as a named header, as the
+# contract asks; attention_bwd.cuh is simply absent until it lands.
+HEADERS = sorted(f for f in os.listdir(KERNELS) if f.endswith((".h", ".cuh")))
+BWD_HEADER = "attention_bwd.cuh"
 CUBIN_DIR = os.path.join(REPO, ".devcarry", "cubins")
 
 MASKS = {"none": 0, "causal": 1, "window": 2, "document": 3, "drafter": 4, "expr": 5}
@@ -80,6 +83,90 @@ def check_tiles_against_header():
 
 
 # ---------------------------------------------------------------------------
+# Backward tiles: a Python copy of SelectAttentionBwdTiles and the shared-memory
+# formulas of kernels/attention_tiles.h, checked by check_bwd_tiles_against_header().
+# ---------------------------------------------------------------------------
+BWD_ROWS_PER_CTA = 64   # kAttnBwdRowsPerCta: rows per CTA of preprocess / dq_convert
+BWD_AUX_THREADS = 256   # kAttnBwdAuxThreads: their block size
+_SMEM_LIMIT = {80: 166912, 86: 101376, 89: 101376, 90: 232448}
+
+
+BWD_MAX_LIST = 1024     # kAttnBwdMaxList: uint32 tile-list entries
+
+
+def bwd_smem_dkdv(bm, bn, dqk, dv):
+    return (bn * (dqk + dv) * 2 + 2 * bm * (dqk + dv) * 2 + bn * bm * 2 + 2 * bm * 8
+            + 2 * bm * 16 + 4 * BWD_MAX_LIST + 16)
+
+
+def bwd_smem_dq(bm, bn, dqk, dv):
+    return bm * (dqk + dv) * 2 + 2 * bn * (dqk + dv) * 2 + bm * 16 + 4 * BWD_MAX_LIST + 16
+
+
+def select_bwd_tiles(arch, dqk, dv, sm90a=False):
+    """kcache::SelectAttentionBwdTiles as (block_m, block_n, num_warps), None when unsupported."""
+    del sm90a  # the same tiles on sm_90a today
+    limit = _SMEM_LIMIT.get(arch, 0)
+    if limit == 0 or dqk not in (64, 128) or dv not in (64, 128):
+        return None
+    if bwd_smem_dkdv(64, 64, dqk, dv) > limit or bwd_smem_dq(64, 64, dqk, dv) > limit:
+        return None
+    return (64, 64, 4)
+
+
+def _probe_values(exprs):
+    """Compiles one kernel per C++ constant expression (long long) and reads the values
+    back from the PTX. exprs: list of (name, expr) -> {name: int}."""
+    import re
+    src = ['#include "attention_tiles.h"']
+    for name, expr in exprs:
+        src.append('extern "C" __global__ void probe_%s(long long* o) { *o = (long long)(%s); }'
+                   % (name, expr))
+    ptx = _nvrtc_ptx("\n".join(src) + "\n")
+    out = {}
+    for name, _ in exprs:
+        body = ptx.split(".entry probe_%s(" % name, 1)[1].split("ret;", 1)[0]
+        m = re.search(r"mov\.[ub]64\s+%rd\d+,\s*(-?\d+);", body)
+        if m is None:  # a zero may be stored as an immediate
+            m = re.search(r"st\.global\.[ub]64\s+\[%rd\d+\],\s*(-?\d+);", body)
+        out[name] = int(m.group(1)) if m else None
+    return out
+
+
+def check_bwd_tiles_against_header():
+    """SelectAttentionBwdTiles (through NVRTC) == select_bwd_tiles() and the smem formulas."""
+    combos = [(a, q, v, x) for a in (80, 86, 89, 90) for q in (64, 128, 256)
+              for v in (64, 128, 256) for x in (False, True)]
+    exprs = [("rows", "kcache::kAttnBwdRowsPerCta"), ("aux", "kcache::kAttnBwdAuxThreads"),
+             ("list", "kcache::kAttnBwdMaxList")]
+    for i, (a, q, v, x) in enumerate(combos):
+        call = "kcache::SelectAttentionBwdTiles(%d, %d, %d, 0, false, %s)" % (
+            a, q, v, "true" if x else "false")
+        exprs.append(("t%d" % i, "%s.block_m | ((long long)%s.block_n << 12) | "
+                      "((long long)%s.num_warps << 24)" % (call, call, call)))
+        exprs.append(("k%d" % i, "%s.smem_dkdv" % call))
+        exprs.append(("d%d" % i, "%s.smem_dq" % call))
+    got = _probe_values(exprs)
+    bad = []
+    if (got["rows"], got["aux"], got["list"]) != (BWD_ROWS_PER_CTA, BWD_AUX_THREADS,
+                                                  BWD_MAX_LIST):
+        bad.append("rows/threads per aux CTA, list entries: header %s/%s/%s, python %d/%d/%d"
+                   % (got["rows"], got["aux"], got["list"], BWD_ROWS_PER_CTA, BWD_AUX_THREADS,
+                      BWD_MAX_LIST))
+    for i, (a, q, v, x) in enumerate(combos):
+        t = got["t%d" % i]
+        hdr = (t & 4095, (t >> 12) & 4095, (t >> 24) & 255, got["k%d" % i], got["d%d" % i])
+        py = select_bwd_tiles(a, q, v, x)
+        want = (py + (bwd_smem_dkdv(py[0], py[1], q, v), bwd_smem_dq(py[0], py[1], q, v))
+                if py else (0, 0, 0, 0, 0))
+        if hdr != want:
+            bad.append("sm_%d%s %d/%d: header %s, python %s" % (a, "a" if x else "", q, v, hdr,
+                                                                  want))
+    if bad:
+        raise RuntimeError("backward tile selection out of step: " + "; ".join(bad))
+
+
+# ---------------------------------------------------------------------------
 # Specs and the prelude
 # ---------------------------------------------------------------------------
 def hexfloat(x):
@@ -93,22 +180,39 @@ def hexfloat(x):
 def make_spec(dtype="bf16", dqk=128, dv=None, mask="none", score="none", *, bottom_right=False,
               window=(-1, 0), doc_causal=False, drafter_block=16, drafter_causal=False,
               drafter_window=0, softcap=0.0, scale=None, return_lse=True, tiles=None, arch=90,
-              sm90a=False, expr_mask_code=None, expr_score_code=None, extra_defines=()):
+              sm90a=False, expr_mask_code=None, expr_score_code=None, extra_defines=(),
+              backward=False, deterministic=False, bwd_tiles=None, expr_score_grad_code=None):
+    """A kernel variant. backward=True adds the backward entry points (LSE forced on);
+    bwd_tiles = (block_m, block_n, num_warps), default select_bwd_tiles(); score "expr" with
+    backward needs expr_score_grad_code (the body of kc_expr_score_grad)."""
     dv = dv or dqk
     spec = dict(dtype=dtype, dqk=dqk, dv=dv, mask=mask, score=score, bottom_right=bottom_right,
                 window=tuple(window), doc_causal=doc_causal, drafter_block=drafter_block,
                 drafter_causal=drafter_causal, drafter_window=drafter_window,
                 softcap=float(softcap), scale=float(scale if scale else 1.0 / math.sqrt(dqk)),
-                return_lse=return_lse, arch=arch, sm90a=sm90a,
+                return_lse=bool(return_lse or backward), arch=arch, sm90a=sm90a,
                 tiles=(tuple(tiles) if tiles else select_tiles(arch, dqk, dv, sm90a)
                        or (0, 0, 0, 0)),
                 expr_mask_code=expr_mask_code, expr_score_code=expr_score_code,
                 extra_defines=tuple(extra_defines))
+    if backward:
+        # Only backward specs carry these keys, so that forward specs (and their cache
+        # keys) are what they were.
+        if score == "expr" and not expr_score_grad_code:
+            raise ValueError("make_spec: score 'expr' with backward needs expr_score_grad_code")
+        spec.update(backward=True, deterministic=bool(deterministic),
+                    bwd_tiles=(tuple(bwd_tiles) if bwd_tiles
+                               else select_bwd_tiles(arch, dqk, dv, sm90a) or (0, 0, 0)),
+                    expr_score_grad_code=expr_score_grad_code)
+    elif deterministic or bwd_tiles or expr_score_grad_code:
+        raise ValueError("make_spec: deterministic / bwd_tiles / expr_score_grad_code need "
+                         "backward=True")
     return spec
 
 
 def prelude(spec):
     bm, bn, nw, st = spec["tiles"]
+    backward = spec.get("backward", False)
     wl, wr = spec["window"]
     lines = [
         f"#define KC_ARCH {spec['arch']}",
@@ -132,9 +236,14 @@ def prelude(spec):
         f"#define KC_SOFTCAP {hexfloat(spec['softcap'])}",
         f"#define KC_SOFTMAX_SCALE {hexfloat(spec['scale'])}",
         f"#define KC_RETURN_LSE {1 if spec['return_lse'] else 0}",
-        "#define KC_BACKWARD 0",
-        "#define KC_DETERMINISTIC 0",
-    ] + ["#define %s %s" % kv for kv in spec.get("extra_defines", ())] + [
+        f"#define KC_BACKWARD {1 if backward else 0}",
+        f"#define KC_DETERMINISTIC {1 if spec.get('deterministic') else 0}",
+    ]
+    if backward:
+        bbm, bbn, bnw = spec["bwd_tiles"]
+        lines += [f"#define KC_BWD_BLOCK_M {bbm}", f"#define KC_BWD_BLOCK_N {bbn}",
+                  f"#define KC_BWD_NUM_WARPS {bnw}"]
+    lines += ["#define %s %s" % kv for kv in spec.get("extra_defines", ())] + [
         '#include "attention_params.h"',
     ]
     if spec["mask"] == "expr":
@@ -147,7 +256,15 @@ def prelude(spec):
                      "int q_idx, int kv_idx, const kcache::AttentionParams& p) {")
         lines.append(spec["expr_score_code"])
         lines.append("}")
+        if backward:
+            lines.append("__device__ __forceinline__ float kc_expr_score_grad(float score, "
+                         "float grad, int b, int h, int q_idx, int kv_idx, "
+                         "const kcache::AttentionParams& p, bool buffer_grads) {")
+            lines.append(spec["expr_score_grad_code"])
+            lines.append("}")
     lines.append('#include "attention_fwd.cuh"')
+    if backward:
+        lines += ["#if KC_BACKWARD", '#include "attention_bwd.cuh"', "#endif"]
     return "\n".join(lines) + "\n"
 
 
@@ -161,6 +278,19 @@ EXPR_SCORE_BIAS = """  const kcache::KcBuffer& buf = p.buffers[1];
   float bias = 0.0f;
   if (h >= 0 && h < buf.extent[0]) bias = static_cast<const float*>(buf.ptr)[h * buf.stride[0]];
   return score + bias * static_cast<float>(((q_idx - kv_idx) % 7 + 7) % 7);"""
+# Its gradient (what codegen emits for a trainable buffer 1): d/dscore = 1, and
+# d/dbias[h] = c(q, kv), added with an fp32 atomic when buffer_grads is true.
+EXPR_SCORE_BIAS_GRAD = """  (void)score;
+  (void)b;
+  if (buffer_grads) {
+    const kcache::KcBuffer& buf = p.buffers[1];
+    float* g = p.buffer_grads[1];
+    if (g != nullptr && h >= 0 && h < buf.extent[0]) {
+      atomicAdd(g + h * buf.stride[0],
+                grad * static_cast<float>(((q_idx - kv_idx) % 7 + 7) % 7));
+    }
+  }
+  return grad;"""
 
 
 # ---------------------------------------------------------------------------
@@ -229,7 +359,11 @@ def nvrtc_compile(source, arch=90, sm90a=False, extra_options=(), name=b"kcache_
 
 
 def spec_key(spec):
-    src = prelude(spec) + "".join(h.decode(errors="replace") for h in _header_sources())
+    # A forward-only spec never includes the backward template: its key leaves it out, so
+    # that forward cubins cached before a backward change stay valid.
+    names = [h for h in HEADERS if spec.get("backward") or h != BWD_HEADER]
+    src = prelude(spec) + "".join(h.decode(errors="replace")
+                                  for n, h in zip(HEADERS, _header_sources()) if n in names)
     return hashlib.sha256((src + repr(spec["arch"]) + repr(spec["sm90a"])).encode()).hexdigest()[:20]
 
 
@@ -242,16 +376,39 @@ def compile_spec(spec, cache_dir=CUBIN_DIR):
             return f.read(), open(path + ".log").read() if os.path.exists(path + ".log") else ""
     cubin, log = nvrtc_compile(prelude(spec), arch=spec["arch"], sm90a=spec["sm90a"])
     os.makedirs(cache_dir, exist_ok=True)
-    with open(path + ".tmp", "wb") as f:
-        f.write(cubin)
-    os.replace(path + ".tmp", path)
-    with open(path + ".log", "w") as f:
+    tmp = "%s.tmp%d" % (path, os.getpid())  # compile_many runs several processes
+    with open(tmp + ".log", "w") as f:
         f.write(log)
+    os.replace(tmp + ".log", path + ".log")
+    with open(tmp, "wb") as f:
+        f.write(cubin)
+    os.replace(tmp, path)
     return cubin, log
 
 
-def ptxas_summary(log):
-    """'regs=N spill=S/L stack=F' for kcache_attn_fwd from a --ptxas-options=-v log."""
+def _compile_one(spec):
+    try:
+        return compile_spec(spec), None
+    except Exception as e:  # returned, so that one failure does not hide the others
+        return None, str(e)
+
+
+def compile_many(specs, jobs=None):
+    """compile_spec for each spec, `jobs` NVRTC processes at once (default: the CPU count,
+    at most 16). Returns [((cubin, log) or None, error or None)] in order. Forks: call it
+    before CUDA work in the parent, or at least never use CUDA in the children (they don't)."""
+    import multiprocessing
+    jobs = jobs or min(16, os.cpu_count() or 1)
+    todo = [sp for sp in specs if not os.path.exists(os.path.join(CUBIN_DIR, spec_key(sp)
+                                                                  + ".cubin"))]
+    if jobs > 1 and len(todo) > 1:
+        with multiprocessing.get_context("fork").Pool(min(jobs, len(todo))) as pool:
+            pool.map(_compile_one, todo, chunksize=1)
+    return [_compile_one(sp) for sp in specs]  # cached now (or failing again, with the error)
+
+
+def ptxas_summary(log, entry="kcache_attn_fwd"):
+    """'regs=N spill=S/L stack=F' for one entry point from a --ptxas-options=-v log."""
     import re
     out = {}
     cur = None
@@ -267,7 +424,7 @@ def ptxas_summary(log):
         m = re.search(r"Used (\d+) registers", line)
         if m and cur:
             out.setdefault(cur, {})["regs"] = int(m.group(1))
-    f = out.get("kcache_attn_fwd", {})
+    f = out.get(entry, {})
     return "regs=%s spill=%s/%s stack=%s" % (f.get("regs"), f.get("spill_st"), f.get("spill_ld"),
                                              f.get("stack"))
 
@@ -361,7 +518,8 @@ def _check(r, what):
 
 
 class Kernel:
-    """A loaded kcache_attn_fwd (and kcache_attn_mask_build for expression masks)."""
+    """A loaded kcache_attn_fwd (and kcache_attn_mask_build for expression masks); for a
+    backward spec also the backward entry points (prepare_backward / BackwardLaunch)."""
 
     def __init__(self, spec, cubin):
         import torch
@@ -385,6 +543,28 @@ class Kernel:
             self.mask_build = ctypes.c_void_p()
             _check(cu.cuModuleGetFunction(ctypes.byref(self.mask_build), self.module,
                                           b"kcache_attn_mask_build"), "cuModuleGetFunction(mb)")
+        self.bwd = {}
+        if spec.get("backward"):
+            bbm, bbn, bnw = spec["bwd_tiles"]
+            self.bwd_block_m, self.bwd_block_n, self.bwd_threads = bbm, bbn, bnw * 32
+            self.smem_dkdv = bwd_smem_dkdv(bbm, bbn, spec["dqk"], spec["dv"])
+            self.smem_dq = bwd_smem_dq(bbm, bbn, spec["dqk"], spec["dv"])
+            names = ["kcache_attn_bwd_preprocess", "kcache_attn_bwd_dkdv",
+                     "kcache_attn_bwd_dq" if spec["deterministic"] else
+                     "kcache_attn_bwd_dq_convert"]
+            if spec["mask"] == "expr":
+                names.append("kcache_attn_bwd_mask_build")
+            for name in names:
+                fn = ctypes.c_void_p()
+                _check(cu.cuModuleGetFunction(ctypes.byref(fn), self.module, name.encode()),
+                       "cuModuleGetFunction(%s)" % name)
+                self.bwd[name] = fn
+            for name, smem in (("kcache_attn_bwd_dkdv", self.smem_dkdv),
+                               ("kcache_attn_bwd_dq", self.smem_dq)):
+                if name in self.bwd and smem > 48 * 1024:
+                    _check(cu.cuFuncSetAttribute(
+                        self.bwd[name], CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem),
+                        "cuFuncSetAttribute(%s, %d)" % (name, smem))
 
     def _launch(self, func, grid, threads, smem, params):
         import torch
@@ -403,6 +583,73 @@ class Kernel:
     def launch(self, params):
         self._launch(self.fwd, self.grid(params), self.threads, self.smem, params)
 
+    def prepare_backward(self, p_fwd, dout, dq, dk, dv, buffer_grads=None):
+        """A BackwardLaunch for the forward's params `p_fwd` (copied, mask inputs and
+        buffers included; its lse must hold the forward's LSE when run): dO and the
+        gradient outputs ([B, H, S, D] views), fp32 scratch (delta, dq_accum unless
+        deterministic, the backward's tile classes for expression masks) allocated here.
+        buffer_grads: {buffer index: fp32 tensor like the buffer}, zeroed by the caller."""
+        import torch
+        if not self.bwd:
+            raise RuntimeError("prepare_backward: the spec was compiled without backward=True")
+        p = AttentionParams.from_buffer_copy(p_fwd)
+        if not p.lse:
+            raise ValueError("prepare_backward: the forward's params have no lse")
+        set_backward_tensors(p, dout, dq, dk, dv)
+        B, Hq, Lq, Lkv = p.batch, p.num_q_heads, p.q_len, p.kv_len
+        dev = dout.device
+        scratch = [torch.empty(B, Hq, Lq, device=dev, dtype=torch.float32)]
+        p.delta = scratch[0].data_ptr()
+        if not self.spec["deterministic"]:
+            scratch.append(torch.empty(B, Hq, Lq, self.spec["dqk"], device=dev,
+                                       dtype=torch.float32))
+            p.dq_accum = scratch[-1].data_ptr()
+        p.tile_class = None
+        if self.spec["mask"] == "expr":
+            mt, nt = -(-Lq // self.bwd_block_m), -(-Lkv // self.bwd_block_n)
+            tc = torch.full((B, Hq, mt, max(nt, 1)), 77, device=dev, dtype=torch.int8)
+            scratch.append(tc)
+            p.tile_class = tc.data_ptr()
+            p.tile_class_stride_b, p.tile_class_stride_h, p.tile_class_stride_m = tc.stride()[:3]
+        for i, g in (buffer_grads or {}).items():
+            if g.dtype != torch.float32:
+                raise ValueError("buffer_grads[%d]: fp32 expected, got %s" % (i, g.dtype))
+            p.buffer_grads[i] = g.data_ptr()
+        return BackwardLaunch(self, p, scratch)
+
+
+class BackwardLaunch:
+    """The backward sequence of docs/kernel-contract.md on torch's current stream:
+    (bwd mask build) -> preprocess -> dkdv -> dq (deterministic) or dq_convert.
+    Keeps its params and scratch alive; run() may be called repeatedly (benchmarks)."""
+
+    def __init__(self, kern, params, scratch):
+        self.kern, self.params, self.scratch = kern, params, scratch
+
+    def launches(self):
+        """[(entry name, grid, threads, dynamic smem)] in launch order."""
+        k, p = self.kern, self.params
+        B, Hq, Hkv, Lq, Lkv = p.batch, p.num_q_heads, p.num_kv_heads, p.q_len, p.kv_len
+        aux = (-(-Lq // BWD_ROWS_PER_CTA), Hq, B)
+        out = []
+        if "kcache_attn_bwd_mask_build" in k.bwd:
+            out.append(("kcache_attn_bwd_mask_build", (-(-Lq // k.bwd_block_m), Hq, B), 128, 0))
+        out.append(("kcache_attn_bwd_preprocess", aux, BWD_AUX_THREADS, 0))
+        out.append(("kcache_attn_bwd_dkdv", (-(-Lkv // k.bwd_block_n), Hkv, B), k.bwd_threads,
+                    k.smem_dkdv))
+        if "kcache_attn_bwd_dq" in k.bwd:
+            out.append(("kcache_attn_bwd_dq", (-(-Lq // k.bwd_block_m), Hq, B), k.bwd_threads,
+                        k.smem_dq))
+        else:
+            out.append(("kcache_attn_bwd_dq_convert", aux, BWD_AUX_THREADS, 0))
+        return out
+
+    def run(self):
+        if self.params.q_len < 1 or self.params.kv_len < 1 or self.params.batch < 1:
+            return
+        for name, grid, threads, smem in self.launches():
+            self.kern._launch(self.kern.bwd[name], grid, threads, smem, self.params)
+
 
 def make_params(q, k, v, o, lse=None):
     """Params for [B, H, S, D] views (any strides with a contiguous last dim)."""
@@ -418,6 +665,38 @@ def make_params(q, k, v, o, lse=None):
     p.batch, p.num_q_heads, p.q_len = q.shape[0], q.shape[1], q.shape[2]
     p.num_kv_heads, p.kv_len = k.shape[1], k.shape[2]
     return p
+
+
+def set_backward_tensors(p, dout, dq, dk, dv):
+    """dO and the gradient outputs ([B, H, S, D] views, contiguous head dim) into params."""
+    for name, t in (("dout", dout), ("dq", dq), ("dk", dk), ("dv", dv)):
+        if t.stride(3) != 1 and t.shape[3] > 1:
+            raise ValueError("%s: the head dimension must be contiguous" % name)
+        if t.data_ptr() % 16:
+            raise ValueError("%s: not 16-byte aligned" % name)
+    p.dout, p.dq, p.dk, p.dv = dout.data_ptr(), dq.data_ptr(), dk.data_ptr(), dv.data_ptr()
+    p.do_stride_b, p.do_stride_h, p.do_stride_s = dout.stride(0), dout.stride(1), dout.stride(2)
+    p.dq_stride_b, p.dq_stride_h, p.dq_stride_s = dq.stride(0), dq.stride(1), dq.stride(2)
+    p.dk_stride_b, p.dk_stride_h, p.dk_stride_s = dk.stride(0), dk.stride(1), dk.stride(2)
+    p.dv_stride_b, p.dv_stride_h, p.dv_stride_s = dv.stride(0), dv.stride(1), dv.stride(2)
+
+
+def set_mask_inputs(p, spec, c):
+    """The mask / score inputs of a test case dict (test_attention_fwd.build_case's keys:
+    qid/kvid, anchor/keep/dstride/S/N, slopes, prefix/bias) into params."""
+    if spec["mask"] == "document":
+        p.q_seq_id, p.kv_seq_id = c["qid"].data_ptr(), c["kvid"].data_ptr()
+        p.q_seq_id_stride_b, p.kv_seq_id_stride_b = c["qid"].stride(0), c["kvid"].stride(0)
+    if spec["mask"] == "drafter":
+        p.drafter_anchor = c["anchor"].data_ptr()
+        p.drafter_keep = c["keep"].data_ptr() if c.get("keep") is not None else None
+        p.drafter_stride_b = c["dstride"]
+        p.drafter_context_len, p.drafter_num_blocks = c["S"], c["N"]
+    if spec["score"] == "alibi":
+        p.alibi_slopes = c["slopes"].data_ptr()
+    if "prefix" in c:
+        set_buffer(p, 0, c["prefix"])
+        set_buffer(p, 1, c["bias"])
 
 
 def set_buffer(p, i, t):
