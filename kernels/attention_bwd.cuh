@@ -1,0 +1,1119 @@
+// Attention backward, FlashAttention-2 style, compiled by NVRTC after the
+// generated prelude and attention_fwd.cuh (docs/kernel-contract.md,
+// "Backward"). Portable mma.sync m16n8k16 (sm_80..sm_90, also run on
+// sm_90a), reusing the forward's PTX wrappers.
+//
+// The forward's log-sum-exp is the only state it reads. With s the raw
+// Q.K^T, x = s * scale, y = score_mod(x) and P = exp(y - lse):
+//   dV = P^T dO,  dP = dO V^T,  dY = P * (dP - delta),  delta = rowsum(dO * O),
+//   dS = dY * dy/dx * scale,  dQ = dS K,  dK = dS^T Q.
+// dy/dx is exact: 1 - tanh^2 for the soft-cap (tanh recomputed from x), 1
+// for ALiBi, and the generated kc_expr_score_grad for expressions.
+//
+// Kernels, in launch order:
+//   kcache_attn_bwd_preprocess  delta per row; zeroes dq_accum (atomic mode).
+//   kcache_attn_bwd_dkdv        one CTA per (key tile, kv head, batch); warp w
+//                               owns 16 keys and keeps their dK and dV in
+//                               registers while the CTA walks every (query
+//                               head of the GQA group, query tile) that sees
+//                               the key tile, so GQA sums need no atomics.
+//                               Unless deterministic, dQ partials go to
+//                               dq_accum with fp32 atomics (dS^T staged in
+//                               shared memory, each warp adding 16 rows).
+//   kcache_attn_bwd_dq          deterministic mode: one CTA per (query tile,
+//                               query head, batch) recomputes P and dP over
+//                               its visible key tiles and writes dQ once.
+//   kcache_attn_bwd_dq_convert  atomic mode: dq = dq_accum in the dtype.
+// Block sparsity mirrors the forward: causal and sliding-window masks walk
+// an analytic range of tiles; document, drafter and expression masks build
+// a list of non-empty tiles (the dK/dV kernel's list is transposed: query
+// tiles per key tile); full tiles skip the per-element mask.
+#pragma once
+
+#include "attention_fwd.cuh"
+
+#ifndef KC_BWD_BLOCK_M
+#error "attention_bwd.cuh needs KC_BWD_BLOCK_M/N and KC_BWD_NUM_WARPS (KC_BACKWARD prelude)"
+#endif
+
+namespace kcache {
+namespace attn_bwd {
+
+using attn_fwd::cp_async16;
+using attn_fwd::cp_async_commit;
+using attn_fwd::cp_async_wait;
+using attn_fwd::elem_t;
+using attn_fwd::exp2_approx;
+using attn_fwd::imax;
+using attn_fwd::imin;
+using attn_fwd::ldsm_x4;
+using attn_fwd::ldsm_x4_t;
+using attn_fwd::mma16816;
+using attn_fwd::neg_inf;
+using attn_fwd::pack2;
+using attn_fwd::smem_u32;
+
+constexpr int kBM = KC_BWD_BLOCK_M;
+constexpr int kBN = KC_BWD_BLOCK_N;
+constexpr int kNW = KC_BWD_NUM_WARPS;
+constexpr int kThreads = kNW * 32;
+constexpr int kDQK = KC_HEAD_DIM_QK;
+constexpr int kDV = KC_HEAD_DIM_V;
+static_assert(kBM == 16 * kNW && kBN == 16 * kNW && kBM == 64,
+              "backward tiles: 64 x 64, 16 rows (queries or keys) per warp");
+static_assert((kDQK == 64 || kDQK == 128) && (kDV == 64 || kDV == 128),
+              "backward head dims: 64 or 128");
+constexpr int kKQ = kDQK / 16;  // k16 steps over the Q/K head dim
+constexpr int kKV = kDV / 16;   // k16 steps over the V head dim
+constexpr int kNT = 64 / 8;     // n8 tiles over a 64-wide query or key tile
+constexpr int kDTQ = kDQK / 8;  // n8 tiles of dK / dQ
+constexpr int kDTV = kDV / 8;   // n8 tiles of dV
+constexpr int kList = kAttnBwdMaxList;
+
+constexpr float kScale = KC_SOFTMAX_SCALE;
+constexpr float kLog2e = 1.4426950408889634f;
+// No score modification: x * log2(e) folds into one multiply of s.
+constexpr bool kFold = KC_SCORE_MOD == KC_SCORE_NONE;
+
+constexpr bool kListMask =
+    KC_MASK == KC_MASK_DOCUMENT || KC_MASK == KC_MASK_DRAFTER || KC_MASK == KC_MASK_EXPR;
+constexpr bool kRowData = KC_MASK == KC_MASK_DOCUMENT || KC_MASK == KC_MASK_DRAFTER;
+
+#if KC_MASK == KC_MASK_CAUSAL
+constexpr int kWinLeft = -1;
+constexpr int kWinRight = 0;
+#elif KC_MASK == KC_MASK_SLIDING_WINDOW
+constexpr int kWinLeft = KC_WINDOW_LEFT;
+constexpr int kWinRight = KC_WINDOW_RIGHT;
+#else
+constexpr int kWinLeft = -1;
+constexpr int kWinRight = -1;
+#endif
+
+__device__ __forceinline__ float to_float(elem_t x) {
+#if KC_DTYPE_BF16
+  return __uint_as_float(static_cast<unsigned>(x) << 16);
+#else
+  float f;
+  asm("{\n.reg .b16 h;\nmov.b16 h, %1;\ncvt.f32.f16 %0, h;\n}\n" : "=f"(f) : "h"(x));
+  return f;
+#endif
+}
+
+__device__ __forceinline__ void cp_async4(unsigned dst, const void* src, bool pred) {
+  const int n = pred ? 4 : 0;
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(n)
+               : "memory");
+}
+
+__device__ __forceinline__ void st_shared_u32(unsigned addr, unsigned v) {
+  asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
+}
+
+// Rows [row0, row0 + 64) of a [len, D] matrix into a swizzled tile (chunk c
+// of row r at r * 2D + ((c ^ (r & 7)) << 4), the forward's mma.sync layout);
+// rows at or past `len` are zero-filled.
+template <int D>
+__device__ __forceinline__ void load_rows(unsigned sdst, const elem_t* g, long long stride,
+                                          int row0, int len, int tid) {
+  constexpr int kChunks = D / 8;
+  constexpr int kTotal = 64 * kChunks;
+  static_assert(kTotal % kThreads == 0, "tile copy does not divide among threads");
+#pragma unroll
+  for (int i = 0; i < kTotal / kThreads; ++i) {
+    const int idx = tid + i * kThreads;
+    const int r = idx / kChunks;
+    const int c = idx % kChunks;
+    const bool ok = row0 + r < len;
+    const elem_t* src = ok ? g + (long long)(row0 + r) * stride + c * 8 : g;
+    cp_async16(sdst + r * (D * 2) + ((c ^ (r & 7)) << 4), src, ok);
+  }
+}
+
+// Per-query mask data: document -> x = sequence id; drafter -> visible keys
+// [x, y) U [z, w) (as the forward's rowdata). Zeros past q_len.
+struct RowRaw {
+  int a;  // document: sequence id; drafter: anchor
+  int k;  // drafter: keep
+};
+__device__ __forceinline__ RowRaw row_raw(const AttentionParams& p, int b, int q) {
+  RowRaw r{0, 0};
+  if (q >= p.q_len) return r;
+#if KC_MASK == KC_MASK_DOCUMENT
+  r.a = p.q_seq_id[b * p.q_seq_id_stride_b + q];
+  r.k = 1;
+#elif KC_MASK == KC_MASK_DRAFTER
+  const int j = q / KC_DRAFTER_BLOCK;
+  if (j < p.drafter_num_blocks) {
+    r.k = p.drafter_keep == nullptr || p.drafter_keep[b * p.drafter_stride_b + j] != 0;
+    r.a = p.drafter_anchor[b * p.drafter_stride_b + j];
+  }
+#else
+  (void)p;
+  (void)b;
+#endif
+  return r;
+}
+__device__ __forceinline__ int4 row_data(const AttentionParams& p, int q, RowRaw r) {
+  int4 rd = make_int4(0, 0, 0, 0);
+#if KC_MASK == KC_MASK_DOCUMENT
+  rd.x = r.a;
+  (void)p;
+  (void)q;
+#elif KC_MASK == KC_MASK_DRAFTER
+  if (r.k) {
+    const int ctx_len = p.drafter_context_len;
+    const int j = q / KC_DRAFTER_BLOCK;
+    rd.y = imax(0, imin(r.a, ctx_len));
+    rd.x = KC_DRAFTER_WINDOW > 0 ? imin(imax(r.a - KC_DRAFTER_WINDOW, 0), rd.y) : 0;
+    rd.z = ctx_len + j * KC_DRAFTER_BLOCK;
+    rd.w = KC_DRAFTER_CAUSAL ? ctx_len + q + 1 : ctx_len + (j + 1) * KC_DRAFTER_BLOCK;
+  }
+#else
+  (void)p;
+  (void)q;
+  (void)r;
+#endif
+  return rd;
+}
+
+// Whether query q sees key kv (the forward's per-element rule, bounds
+// included). rd: q's row data; kv_id: the document id of kv.
+__device__ __forceinline__ bool visible(const AttentionParams& p, int b, int h, int q, int kv,
+                                        int q_len, int kv_len, int off, int4 rd, int kv_id) {
+  bool vis = q < q_len && kv < kv_len;
+#if KC_MASK == KC_MASK_CAUSAL || KC_MASK == KC_MASK_SLIDING_WINDOW
+  if (kWinLeft >= 0) vis = vis && kv >= q + off - kWinLeft;
+  if (kWinRight >= 0) vis = vis && kv <= q + off + kWinRight;
+#elif KC_MASK == KC_MASK_DOCUMENT
+  vis = vis && kv_id == rd.x && (!KC_DOC_CAUSAL || kv <= q);
+#elif KC_MASK == KC_MASK_DRAFTER
+  vis = vis && ((kv >= rd.x && kv < rd.y) || (kv >= rd.z && kv < rd.w));
+#elif KC_MASK == KC_MASK_EXPR
+  vis = vis && kc_expr_mask(b, h, q, kv, p);
+#endif
+  (void)p;
+  (void)b;
+  (void)h;
+  (void)off;
+  (void)rd;
+  (void)kv_id;
+  return vis;
+}
+
+// Class of the tile pair (query tile qt, key tile kt) for the masks decided
+// per thread (none, causal, window, drafter): 0 empty, 1 partial, 2 full.
+// Document and expression masks are classified by the callers.
+__device__ __forceinline__ int classify_pair(const AttentionParams& p, int b, int qt, int kt,
+                                             int q_len, int kv_len, int off) {
+  const int m0 = qt * kBM, m1 = imin(m0 + kBM, q_len);
+  const int n0 = kt * kBN, n1 = imin(n0 + kBN, kv_len);
+  if (m1 <= m0 || n1 <= n0) return 0;
+  const bool inb = m1 - m0 == kBM && n1 - n0 == kBN;
+#if KC_MASK == KC_MASK_CAUSAL || KC_MASK == KC_MASK_SLIDING_WINDOW
+  // kv - q ranges over [dmin, dmax]; visible where it is in [lo, hi].
+  const int dmin = n0 - (m1 - 1), dmax = (n1 - 1) - m0;
+  const bool lo_ok_any = kWinLeft < 0 || dmax >= off - kWinLeft;
+  const bool hi_ok_any = kWinRight < 0 || dmin <= off + kWinRight;
+  const bool lo_ok_all = kWinLeft < 0 || dmin >= off - kWinLeft;
+  const bool hi_ok_all = kWinRight < 0 || dmax <= off + kWinRight;
+  (void)p;
+  (void)b;
+  if (!(lo_ok_any && hi_ok_any)) return 0;
+  return inb && lo_ok_all && hi_ok_all ? 2 : 1;
+#elif KC_MASK == KC_MASK_DRAFTER
+  (void)off;
+  constexpr int kBlk = KC_DRAFTER_BLOCK;
+  const int ctx_len = p.drafter_context_len;
+  bool any = false, all = inb;
+  for (int q = m0; q < m1;) {
+    const int j = q / kBlk;
+    const int qe = imin(m1, (j + 1) * kBlk);  // rows [q, qe) are block j
+    const RowRaw r = row_raw(p, b, q);
+    if (r.k) {
+      const int4 f = row_data(p, q, r);           // the block's first row in the tile
+      const int w_last = KC_DRAFTER_CAUSAL ? ctx_len + qe : f.w;  // its last row sees most
+      any = any || (n0 < f.y && n1 > f.x) || (n0 < w_last && n1 > f.z);
+      all = all && ((n0 >= f.x && n1 <= f.y) || (n0 >= f.z && n1 <= f.w));
+    } else {
+      all = false;
+    }
+    q = qe;
+  }
+  return any ? (all ? 2 : 1) : 0;
+#else
+  (void)p;
+  (void)b;
+  (void)off;
+  return inb ? 2 : 1;
+#endif
+}
+
+// Min and max of ids[lo, hi) over a warp (document masks).
+__device__ __forceinline__ void warp_id_range(const int* ids, int lo, int hi, int lane, int& mn,
+                                              int& mx) {
+  mn = 0x7fffffff;
+  mx = -0x7fffffff - 1;
+  for (int i = lo + lane; i < hi; i += 32) {
+    const int id = ids[i];
+    mn = imin(mn, id);
+    mx = imax(mx, id);
+  }
+#pragma unroll
+  for (int s = 16; s > 0; s >>= 1) {
+    mn = imin(mn, __shfl_xor_sync(0xffffffffu, mn, s));
+    mx = imax(mx, __shfl_xor_sync(0xffffffffu, mx, s));
+  }
+}
+
+// Document-mask class of a tile pair from the id ranges of both tiles.
+__device__ __forceinline__ int classify_doc(int qmin, int qmax, int kmin, int kmax, int m0, int m1,
+                                            int n0, int n1) {
+  if (m1 <= m0 || n1 <= n0 || kmax < qmin || kmin > qmax) return 0;
+  if (KC_DOC_CAUSAL && n0 > m1 - 1) return 0;
+  const bool inb = m1 - m0 == kBM && n1 - n0 == kBN;
+  const bool one = qmin == qmax && kmin == kmax && qmin == kmin;
+  const bool causal_full = !KC_DOC_CAUSAL || n1 - 1 <= m0;
+  return inb && one && causal_full ? 2 : 1;
+}
+
+// Compacts classes list[0, n) (0/1/2) in place into entries
+// (index | class << 30) of the non-empty ones; returns the count. Warp 0
+// only; the caller synchronizes before and after.
+__device__ __forceinline__ int compact_list(unsigned* list, int n, int lane) {
+  int count = 0;
+  for (int base = 0; base < n; base += 32) {
+    const int t = base + lane;
+    const unsigned c = t < n ? list[t] : 0u;
+    const unsigned bal = __ballot_sync(0xffffffffu, c != 0u);
+    const int pos = count + __popc(bal & ((1u << lane) - 1u));
+    __syncwarp();
+    if (c != 0u) list[pos] = static_cast<unsigned>(t) | (c << 30);
+    count += __popc(bal);
+    __syncwarp();
+  }
+  return count;
+}
+
+// Score modification of x = s * scale, and its derivative dy/dx.
+struct ScoreCtx {
+  float alibi_slope;
+};
+__device__ __forceinline__ float score_mod(float x, const ScoreCtx& sc, int b, int h, int q,
+                                           int kv, const AttentionParams& p, float& dydx) {
+  dydx = 1.f;
+#if KC_SCORE_MOD == KC_SCORE_SOFTCAP
+  const float t = tanhf(x * (1.f / KC_SOFTCAP));
+  dydx = 1.f - t * t;
+  (void)sc; (void)b; (void)h; (void)q; (void)kv; (void)p;
+  return KC_SOFTCAP * t;
+#elif KC_SCORE_MOD == KC_SCORE_ALIBI
+  (void)b; (void)h; (void)p;
+  return x + sc.alibi_slope * static_cast<float>(kv - q);
+#elif KC_SCORE_MOD == KC_SCORE_EXPR
+  (void)sc;
+  return kc_expr_score(x, b, h, q, kv, p);
+#else
+  (void)sc; (void)b; (void)h; (void)q; (void)kv; (void)p;
+  return x;
+#endif
+}
+
+// lse (natural log) -> log2 domain; a row that saw nothing (-inf) gets +inf
+// so that P = exp2(y - inf) = 0 rather than NaN.
+__device__ __forceinline__ float lse_log2(float l) {
+  return l == neg_inf() ? __int_as_float(0x7f800000) : l * kLog2e;
+}
+
+// The elementwise core shared by both kernels: from the raw score s and
+// dP of one element, P (returned through pexp) and dS (the gradient of s,
+// scale included). Masked elements give zeros.
+__device__ __forceinline__ void element_grad(float s, float dp, float lse2, float delta, bool vis,
+                                             const ScoreCtx& sc, int b, int h, int q, int kv,
+                                             const AttentionParams& p, bool buffer_grads,
+                                             float& pexp, float& ds) {
+  if (!vis) {
+    pexp = 0.f;
+    ds = 0.f;
+    return;
+  }
+  if constexpr (kFold) {
+    pexp = exp2_approx(fmaf(s, kScale * kLog2e, -lse2));
+    ds = pexp * (dp - delta) * kScale;
+  } else {
+    const float x = s * kScale;
+    float dydx;
+    const float y = score_mod(x, sc, b, h, q, kv, p, dydx);
+    pexp = exp2_approx(fmaf(y, kLog2e, -lse2));
+    const float dy = pexp * (dp - delta);
+#if KC_SCORE_MOD == KC_SCORE_EXPR
+    (void)dydx;
+    ds = kc_expr_score_grad(x, dy, b, h, q, kv, p, buffer_grads) * kScale;
+#else
+    (void)buffer_grads;
+    ds = dy * dydx * kScale;
+#endif
+  }
+}
+
+}  // namespace attn_bwd
+}  // namespace kcache
+
+// ---------------------------------------------------------------------------
+// delta = rowsum(dO * O) per row; zeroes dq_accum rows in atomic mode.
+// Grid (ceil(q_len / 64), num_q_heads, batch), 256 threads: 4 per row.
+// ---------------------------------------------------------------------------
+extern "C" __global__ void __launch_bounds__(kcache::kAttnBwdAuxThreads)
+    kcache_attn_bwd_preprocess(const __grid_constant__ kcache::AttentionParams p) {
+  using namespace kcache;
+  using namespace kcache::attn_bwd;
+  static_assert(kAttnBwdAuxThreads == 4 * kAttnBwdRowsPerCta, "4 threads per row");
+  const int h = blockIdx.y;
+  const int b = blockIdx.z;
+  const int m0 = blockIdx.x * kAttnBwdRowsPerCta;
+  const int r = threadIdx.x >> 2;
+  const int part = threadIdx.x & 3;
+  const int q = m0 + r;
+  float sum = 0.f;
+  if (q < p.q_len) {
+    const elem_t* o = static_cast<const elem_t*>(p.o) + b * p.o_stride_b + h * p.o_stride_h +
+                      q * p.o_stride_s;
+    const elem_t* d = static_cast<const elem_t*>(p.dout) + b * p.do_stride_b +
+                      h * p.do_stride_h + q * p.do_stride_s;
+    constexpr int kPer = kDV / 4;
+#pragma unroll 8
+    for (int c = part * kPer; c < (part + 1) * kPer; c += 2) {
+      const unsigned ov = *reinterpret_cast<const unsigned*>(o + c);
+      const unsigned dv = *reinterpret_cast<const unsigned*>(d + c);
+      sum = fmaf(to_float(static_cast<elem_t>(ov & 0xffffu)),
+                 to_float(static_cast<elem_t>(dv & 0xffffu)), sum);
+      sum = fmaf(to_float(static_cast<elem_t>(ov >> 16)), to_float(static_cast<elem_t>(dv >> 16)),
+                 sum);
+    }
+  }
+  sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+  sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+  const long long row = (static_cast<long long>(b) * p.num_q_heads + h) * p.q_len;
+  if (part == 0 && q < p.q_len) p.delta[row + q] = sum;
+#if !KC_DETERMINISTIC
+  const int rows = imin(kAttnBwdRowsPerCta, p.q_len - m0);
+  float4* acc = reinterpret_cast<float4*>(p.dq_accum + (row + m0) * kDQK);
+  for (int i = threadIdx.x; i < rows * kDQK / 4; i += kAttnBwdAuxThreads) {
+    acc[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+  }
+#endif
+}
+
+#if !KC_DETERMINISTIC
+// dq = dq_accum (already scaled) in the dtype. Grid as the preprocess.
+extern "C" __global__ void __launch_bounds__(kcache::kAttnBwdAuxThreads)
+    kcache_attn_bwd_dq_convert(const __grid_constant__ kcache::AttentionParams p) {
+  using namespace kcache;
+  using namespace kcache::attn_bwd;
+  const int h = blockIdx.y;
+  const int b = blockIdx.z;
+  const int m0 = blockIdx.x * kAttnBwdRowsPerCta;
+  const int rows = imin(kAttnBwdRowsPerCta, p.q_len - m0);
+  const long long row = (static_cast<long long>(b) * p.num_q_heads + h) * p.q_len + m0;
+  const float2* acc = reinterpret_cast<const float2*>(p.dq_accum + row * kDQK);
+  elem_t* dq = static_cast<elem_t*>(p.dq) + b * p.dq_stride_b + h * p.dq_stride_h;
+  for (int i = threadIdx.x; i < rows * kDQK / 2; i += kAttnBwdAuxThreads) {
+    const int r = i / (kDQK / 2);
+    const int c = (i % (kDQK / 2)) * 2;
+    const float2 v = acc[i];
+    *reinterpret_cast<unsigned*>(dq + (m0 + r) * p.dq_stride_s + c) = pack2(v.x, v.y);
+  }
+}
+#endif
+
+#if KC_MASK == KC_MASK_EXPR
+// Tile classification with the backward's tiles (the forward's
+// kcache_attn_mask_build, for KC_BWD_BLOCK_M x KC_BWD_BLOCK_N). Grid
+// (ceil(q_len / KC_BWD_BLOCK_M), num_q_heads, batch), 128 threads.
+extern "C" __global__ void __launch_bounds__(128)
+    kcache_attn_bwd_mask_build(const __grid_constant__ kcache::AttentionParams p) {
+  const int mtile = blockIdx.x;
+  const int h = blockIdx.y;
+  const int b = blockIdx.z;
+  const int m0 = mtile * KC_BWD_BLOCK_M;
+  const int n_kv_tiles = (p.kv_len + KC_BWD_BLOCK_N - 1) / KC_BWD_BLOCK_N;
+  kc_i8* row = p.tile_class + b * p.tile_class_stride_b + h * p.tile_class_stride_h +
+               mtile * p.tile_class_stride_m;
+  for (int t = 0; t < n_kv_tiles; ++t) {
+    int any = 0, all = 1;
+    for (int e = threadIdx.x; e < KC_BWD_BLOCK_M * KC_BWD_BLOCK_N; e += 128) {
+      const int q = m0 + e / KC_BWD_BLOCK_N;
+      const int kv = t * KC_BWD_BLOCK_N + e % KC_BWD_BLOCK_N;
+      if (q < p.q_len && kv < p.kv_len) {
+        const bool v = kc_expr_mask(b, h, q, kv, p);
+        any |= v ? 1 : 0;
+        all &= v ? 1 : 0;
+      }
+    }
+    any = __syncthreads_or(any);
+    all = __syncthreads_and(all);
+    if (threadIdx.x == 0) row[t] = static_cast<kc_i8>(any ? (all ? 2 : 1) : 0);
+  }
+}
+#endif
+
+// ---------------------------------------------------------------------------
+// dK, dV (and dQ by atomics unless deterministic).
+// Grid (ceil(kv_len / 64), num_kv_heads, batch); KC_BWD_NUM_WARPS * 32 threads.
+// ---------------------------------------------------------------------------
+extern "C" __global__ void __launch_bounds__(KC_BWD_NUM_WARPS * 32, 2)
+    kcache_attn_bwd_dkdv(const __grid_constant__ kcache::AttentionParams p) {
+  using namespace kcache;
+  using namespace kcache::attn_bwd;
+  extern __shared__ __align__(128) unsigned char smem[];
+
+  const int tid = threadIdx.x;
+  const int warp = tid >> 5;
+  const int lane = tid & 31;
+  const int g = lane >> 2;
+  const int t4 = lane & 3;
+  const int l7 = lane & 7;
+  const int ktile = blockIdx.x;
+  const int hkv = blockIdx.y;
+  const int b = blockIdx.z;
+  const int n0 = ktile * kBN;
+  const int q_len = p.q_len;
+  const int kv_len = p.kv_len;
+  const int group = p.num_q_heads / p.num_kv_heads;
+  const int off = KC_MASK_BOTTOM_RIGHT ? kv_len - q_len : 0;
+  const int n_q_tiles = (q_len + kBM - 1) / kBM;
+
+  // Shared memory (AttentionBwdDkdvSmemBytes).
+  constexpr int kQB = kBM * kDQK * 2, kOB = kBM * kDV * 2;
+  const unsigned sK = smem_u32(smem);
+  const unsigned sV = sK + kBN * kDQK * 2;
+  const unsigned sQ = sV + kBN * kDV * 2;  // 2 stages
+  const unsigned sO = sQ + 2 * kQB;        // dO, 2 stages
+  const unsigned sS = sO + 2 * kOB;        // dS^T [key][query]
+  const unsigned sLse = sS + kBN * kBM * 2;  // [2][kBM] float, then delta [2][kBM]
+  const unsigned sDel = sLse + 2 * kBM * 4;
+  unsigned char* const base = smem + (sDel + 2 * kBM * 4 - sK);
+  int4* rowdata = reinterpret_cast<int4*>(base);                 // [2][kBM]
+  unsigned* list = reinterpret_cast<unsigned*>(base + 2 * kBM * 16);
+  int* misc = reinterpret_cast<int*>(base + 2 * kBM * 16 + 4 * kList);
+  static_assert(2 * kQB + 2 * kOB + kBN * (kDQK + kDV) * 2 + kBN * kBM * 2 + 2 * kBM * 8 +
+                        2 * kBM * 16 + 4 * kList + 16 ==
+                    AttentionBwdDkdvSmemBytes(kBM, kBN, kDQK, kDV),
+                "shared-memory layout out of step with attention_tiles.h");
+  const float* lse_s = reinterpret_cast<const float*>(smem + (sLse - sK));
+  const float* del_s = reinterpret_cast<const float*>(smem + (sDel - sK));
+
+  const elem_t* kg = static_cast<const elem_t*>(p.k) + b * p.k_stride_b + hkv * p.k_stride_h;
+  const elem_t* vg = static_cast<const elem_t*>(p.v) + b * p.v_stride_b + hkv * p.v_stride_h;
+  load_rows<kDQK>(sK, kg, p.k_stride_s, n0, kv_len, tid);
+  load_rows<kDV>(sV, vg, p.v_stride_s, n0, kv_len, tid);
+  cp_async_commit();
+
+  // ---- the walk: items (query head within the group, query tile, class) --
+  int qt_lo = 0, qt_hi = n_q_tiles;
+#if KC_MASK == KC_MASK_CAUSAL || KC_MASK == KC_MASK_SLIDING_WINDOW
+  {
+    // Query q sees key kv when kv - q is in [off - left, off + right].
+    const int n1 = imin(n0 + kBN, kv_len);
+    const int q_lo = kWinRight < 0 ? 0 : imax(0, n0 - off - kWinRight);
+    const int q_hi = kWinLeft < 0 ? q_len : imin(q_len, n1 - 1 - off + kWinLeft + 1);
+    if (q_hi > q_lo) {
+      qt_lo = q_lo / kBM;
+      qt_hi = (q_hi + kBM - 1) / kBM;
+    } else {
+      qt_hi = qt_lo;
+    }
+  }
+#endif
+  bool use_list = false;
+  int count = 0;  // list entries (expression masks: over every head of the group)
+  int n_items = group * (qt_hi - qt_lo);
+#if KC_MASK == KC_MASK_DOCUMENT || KC_MASK == KC_MASK_DRAFTER || KC_MASK == KC_MASK_EXPR
+#if KC_MASK == KC_MASK_EXPR
+  const int n_class = group * n_q_tiles;
+#else
+  const int n_class = n_q_tiles;
+#endif
+  use_list = n_class <= kList;
+  if (use_list) {
+#if KC_MASK == KC_MASK_DOCUMENT
+    const int* q_ids = p.q_seq_id + b * p.q_seq_id_stride_b;
+    const int* kv_ids = p.kv_seq_id + b * p.kv_seq_id_stride_b;
+    const int n1 = imin(n0 + kBN, kv_len);
+    int kmin, kmax;
+    warp_id_range(kv_ids, n0, n1, lane, kmin, kmax);
+    for (int qt = warp; qt < n_q_tiles; qt += kNW) {
+      const int m0 = qt * kBM, m1 = imin(m0 + kBM, q_len);
+      int qmin, qmax;
+      warp_id_range(q_ids, m0, m1, lane, qmin, qmax);
+      if (lane == 0) list[qt] = static_cast<unsigned>(classify_doc(qmin, qmax, kmin, kmax, m0, m1, n0, n1));
+    }
+#elif KC_MASK == KC_MASK_DRAFTER
+    for (int qt = tid; qt < n_q_tiles; qt += kThreads) {
+      list[qt] = static_cast<unsigned>(classify_pair(p, b, qt, ktile, q_len, kv_len, off));
+    }
+#else
+    const bool kv_inb = n0 + kBN <= kv_len;
+    for (int e = tid; e < n_class; e += kThreads) {
+      const int hh = e / n_q_tiles, qt = e % n_q_tiles;
+      int c = 1;
+      if (p.tile_class != nullptr) {
+        c = p.tile_class[b * p.tile_class_stride_b + (hkv * group + hh) * p.tile_class_stride_h +
+                         qt * p.tile_class_stride_m + ktile];
+        c = c < 0 || c > 2 ? 1 : c;
+      }
+      if (c == 2 && !(kv_inb && qt * kBM + kBM <= q_len)) c = 1;
+      list[e] = static_cast<unsigned>(c);
+    }
+#endif
+    __syncthreads();
+    if (warp == 0) {
+      const int c = compact_list(list, n_class, lane);
+      if (lane == 0) misc[0] = c;
+    }
+    __syncthreads();
+    count = misc[0];
+    n_items = KC_MASK == KC_MASK_EXPR ? count : group * count;
+  }
+#endif
+  // Item it -> (hh, qt, cls).
+  auto item_of = [&](int it, int& hh, int& qt, int& cls) {
+    if (use_list) {
+      const unsigned e = list[KC_MASK == KC_MASK_EXPR ? it : it % count];
+      const int idx = static_cast<int>(e & 0x3fffffffu);
+      cls = static_cast<int>(e >> 30);
+      if (KC_MASK == KC_MASK_EXPR) {
+        hh = idx / n_q_tiles;
+        qt = idx % n_q_tiles;
+      } else {
+        hh = it / count;
+        qt = idx;
+      }
+    } else {
+      const int nr = qt_hi - qt_lo;
+      hh = it / nr;
+      qt = qt_lo + it % nr;
+      cls = kListMask ? 1 : classify_pair(p, b, qt, ktile, q_len, kv_len, off);
+    }
+  };
+
+  // Q, dO, LSE and delta of item it into stage st.
+  auto prefetch = [&](int it, int st) {
+    int hh, qt, cls;
+    item_of(it, hh, qt, cls);
+    const int hq = hkv * group + hh;
+    const int m0 = qt * kBM;
+    load_rows<kDQK>(sQ + st * kQB,
+                    static_cast<const elem_t*>(p.q) + b * p.q_stride_b + hq * p.q_stride_h,
+                    p.q_stride_s, m0, q_len, tid);
+    load_rows<kDV>(sO + st * kOB,
+                   static_cast<const elem_t*>(p.dout) + b * p.do_stride_b + hq * p.do_stride_h,
+                   p.do_stride_s, m0, q_len, tid);
+    if (tid < kBM) {
+      const bool ok = m0 + tid < q_len;
+      const float* l = p.lse + b * p.lse_stride_b + hq * p.lse_stride_h + m0 + tid;
+      const float* d = p.delta + (static_cast<long long>(b) * p.num_q_heads + hq) * q_len + m0 + tid;
+      cp_async4(sLse + (st * kBM + tid) * 4, ok ? l : p.lse, ok);
+      cp_async4(sDel + (st * kBM + tid) * 4, ok ? d : p.delta, ok);
+    }
+  };
+
+  // Keys of this thread's accumulator rows and their document ids.
+  const int key_row0 = warp * 16 + g;  // + 8 * hh
+  int kv_id[2] = {0, 0};
+#if KC_MASK == KC_MASK_DOCUMENT
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    const int kv = n0 + key_row0 + 8 * hh;
+    kv_id[hh] = kv < kv_len ? p.kv_seq_id[b * p.kv_seq_id_stride_b + kv] : 0;
+  }
+#endif
+
+  if (n_items > 0) {
+    prefetch(0, 0);
+    if constexpr (kRowData) {
+      if (tid < kBM) {
+        int hh, qt, cls;
+        item_of(0, hh, qt, cls);
+        rowdata[tid] = row_data(p, qt * kBM + tid, row_raw(p, b, qt * kBM + tid));
+      }
+    }
+  }
+  cp_async_commit();
+
+  // Per-lane ldmatrix addressing (see the forward): A rows lane & 15 with
+  // chunk 2k + (lane >> 4); B rows l7 + 8 * ((lane >> 4)) with chunk
+  // 2k + ((lane >> 3) & 1), or transposed rows l7 + 8 * ((lane >> 3) & 1)
+  // with chunk 2n + (lane >> 4).
+  const unsigned akey = static_cast<unsigned>(l7 ^ (lane >> 4)) << 4;
+  const unsigned bkey = static_cast<unsigned>(l7 ^ ((lane >> 3) & 1)) << 4;
+  const int brow = l7 + ((lane >> 4) << 3);
+  const int trow = l7 + (((lane >> 3) & 1) << 3);
+  const unsigned k_a = sK + (warp * 16 + (lane & 15)) * (kDQK * 2);
+  const unsigned v_a = sV + (warp * 16 + (lane & 15)) * (kDV * 2);
+
+  float dk[kDTQ][4];
+  float dv[kDTV][4];
+#pragma unroll
+  for (int i = 0; i < kDTQ; ++i) dk[i][0] = dk[i][1] = dk[i][2] = dk[i][3] = 0.f;
+#pragma unroll
+  for (int i = 0; i < kDTV; ++i) dv[i][0] = dv[i][1] = dv[i][2] = dv[i][3] = 0.f;
+
+  for (int it = 0; it < n_items; ++it) {
+    const int st = it & 1;
+    cp_async_wait<0>();
+    __syncthreads();  // item it landed; everyone is done with item it - 1
+    RowRaw next_raw{0, 0};
+    int next_q = 0;
+    if (it + 1 < n_items) {
+      prefetch(it + 1, st ^ 1);
+      if constexpr (kRowData) {
+        if (tid < kBM) {
+          int hh, qt, cls;
+          item_of(it + 1, hh, qt, cls);
+          next_q = qt * kBM + tid;
+          next_raw = row_raw(p, b, next_q);
+        }
+      }
+    }
+    cp_async_commit();
+
+    int hh, qt, cls;
+    item_of(it, hh, qt, cls);
+    const int hq = hkv * group + hh;
+    const int m0 = qt * kBM;
+    const unsigned q_s = sQ + st * kQB;
+    const unsigned o_s = sO + st * kOB;
+
+    // S^T = K Q^T and dP^T = V dO^T: 16 keys x 64 queries per warp.
+    float s[kNT][4], dp[kNT][4];
+#pragma unroll
+    for (int nt = 0; nt < kNT; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[nt][e] = dp[nt][e] = 0.f;
+    }
+#pragma unroll
+    for (int kk = 0; kk < kKQ; ++kk) {
+      unsigned a[4];
+      ldsm_x4(k_a + ((kk * 32) ^ akey), a[0], a[1], a[2], a[3]);
+#pragma unroll
+      for (int np = 0; np < kNT / 2; ++np) {
+        unsigned b0, b1, b2, b3;
+        ldsm_x4(q_s + (np * 16 + brow) * (kDQK * 2) + ((kk * 32) ^ bkey), b0, b1, b2, b3);
+        mma16816(s[2 * np], a, b0, b1);
+        mma16816(s[2 * np + 1], a, b2, b3);
+      }
+    }
+#pragma unroll
+    for (int kk = 0; kk < kKV; ++kk) {
+      unsigned a[4];
+      ldsm_x4(v_a + ((kk * 32) ^ akey), a[0], a[1], a[2], a[3]);
+#pragma unroll
+      for (int np = 0; np < kNT / 2; ++np) {
+        unsigned b0, b1, b2, b3;
+        ldsm_x4(o_s + (np * 16 + brow) * (kDV * 2) + ((kk * 32) ^ bkey), b0, b1, b2, b3);
+        mma16816(dp[2 * np], a, b0, b1);
+        mma16816(dp[2 * np + 1], a, b2, b3);
+      }
+    }
+
+    // P and dS in place (s <- P, dp <- dS), per element.
+    {
+      ScoreCtx sc{0.f};
+#if KC_SCORE_MOD == KC_SCORE_ALIBI
+      sc.alibi_slope = p.alibi_slopes[hq];
+#endif
+      const float* lse_st = lse_s + st * kBM;
+      const float* del_st = del_s + st * kBM;
+      const int4* rd_st = rowdata + st * kBM;
+#pragma unroll
+      for (int nt = 0; nt < kNT; ++nt) {
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          const int qi = nt * 8 + 2 * t4 + c;
+          const float l2 = lse_log2(lse_st[qi]);
+          const float del = del_st[qi];
+          int4 rd = make_int4(0, 0, 0, 0);
+          if constexpr (kRowData) rd = rd_st[qi];
+#pragma unroll
+          for (int hh2 = 0; hh2 < 2; ++hh2) {
+            const int kv = n0 + key_row0 + 8 * hh2;
+            const int q = m0 + qi;
+            const bool vis =
+                cls == 2 || visible(p, b, hq, q, kv, q_len, kv_len, off, rd, kv_id[hh2]);
+            float pe, ds;
+            element_grad(s[nt][hh2 * 2 + c], dp[nt][hh2 * 2 + c], l2, del, vis, sc, b, hq, q,
+                         kv, p, true, pe, ds);
+            s[nt][hh2 * 2 + c] = pe;
+            dp[nt][hh2 * 2 + c] = ds;
+          }
+        }
+      }
+    }
+
+    // dV += P^T dO and dK += dS^T Q (A from registers, B = dO / Q transposed).
+#pragma unroll
+    for (int kk = 0; kk < kNT / 2; ++kk) {
+      unsigned pa[4], sa[4];
+      pa[0] = pack2(s[2 * kk][0], s[2 * kk][1]);
+      pa[1] = pack2(s[2 * kk][2], s[2 * kk][3]);
+      pa[2] = pack2(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+      pa[3] = pack2(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+      sa[0] = pack2(dp[2 * kk][0], dp[2 * kk][1]);
+      sa[1] = pack2(dp[2 * kk][2], dp[2 * kk][3]);
+      sa[2] = pack2(dp[2 * kk + 1][0], dp[2 * kk + 1][1]);
+      sa[3] = pack2(dp[2 * kk + 1][2], dp[2 * kk + 1][3]);
+#if !KC_DETERMINISTIC
+      // dS^T to shared memory for dQ: row key, 16-byte chunk = n8 tile.
+      {
+        const int r0 = key_row0, r1 = key_row0 + 8;
+        st_shared_u32(sS + r0 * (kBM * 2) + (((2 * kk) ^ (r0 & 7)) << 4) + t4 * 4, sa[0]);
+        st_shared_u32(sS + r1 * (kBM * 2) + (((2 * kk) ^ (r1 & 7)) << 4) + t4 * 4, sa[1]);
+        st_shared_u32(sS + r0 * (kBM * 2) + (((2 * kk + 1) ^ (r0 & 7)) << 4) + t4 * 4, sa[2]);
+        st_shared_u32(sS + r1 * (kBM * 2) + (((2 * kk + 1) ^ (r1 & 7)) << 4) + t4 * 4, sa[3]);
+      }
+#endif
+#pragma unroll
+      for (int dpair = 0; dpair < kDTV / 2; ++dpair) {
+        unsigned b0, b1, b2, b3;
+        ldsm_x4_t(o_s + (kk * 16 + trow) * (kDV * 2) + ((dpair * 32) ^ akey), b0, b1, b2, b3);
+        mma16816(dv[2 * dpair], pa, b0, b1);
+        mma16816(dv[2 * dpair + 1], pa, b2, b3);
+      }
+#pragma unroll
+      for (int dpair = 0; dpair < kDTQ / 2; ++dpair) {
+        unsigned b0, b1, b2, b3;
+        ldsm_x4_t(q_s + (kk * 16 + trow) * (kDQK * 2) + ((dpair * 32) ^ akey), b0, b1, b2, b3);
+        mma16816(dk[2 * dpair], sa, b0, b1);
+        mma16816(dk[2 * dpair + 1], sa, b2, b3);
+      }
+    }
+
+#if !KC_DETERMINISTIC
+    __syncthreads();  // dS^T complete
+    {
+      // dQ rows 16 * warp .. + 16 of this query tile: dS (from dS^T,
+      // transposed) times K (transposed), in chunks of 64 columns.
+      unsigned da[kBN / 16][4];
+#pragma unroll
+      for (int kk = 0; kk < kBN / 16; ++kk) {
+        const int row = kk * 16 + brow;
+        const int chunk = 2 * warp + ((lane >> 3) & 1);
+        ldsm_x4_t(sS + row * (kBM * 2) + ((chunk ^ l7) << 4), da[kk][0], da[kk][1], da[kk][2],
+                  da[kk][3]);
+      }
+      float* acc_row = p.dq_accum +
+                       ((static_cast<long long>(b) * p.num_q_heads + hq) * q_len + m0) * kDQK;
+#pragma unroll
+      for (int dc = 0; dc < kDQK / 64; ++dc) {
+        float acc[8][4];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+#pragma unroll
+        for (int kk = 0; kk < kBN / 16; ++kk) {
+#pragma unroll
+          for (int dpair = 0; dpair < 4; ++dpair) {
+            unsigned b0, b1, b2, b3;
+            ldsm_x4_t(sK + (kk * 16 + trow) * (kDQK * 2) + (((dc * 4 + dpair) * 32) ^ akey), b0,
+                      b1, b2, b3);
+            mma16816(acc[2 * dpair], da[kk], b0, b1);
+            mma16816(acc[2 * dpair + 1], da[kk], b2, b3);
+          }
+        }
+#pragma unroll
+        for (int hh2 = 0; hh2 < 2; ++hh2) {
+          const int r = warp * 16 + g + 8 * hh2;
+          if (m0 + r < q_len) {
+            float* dst = acc_row + r * kDQK + dc * 64 + 2 * t4;
+#pragma unroll
+            for (int dt = 0; dt < 8; ++dt) {
+              atomicAdd(dst + dt * 8, acc[dt][hh2 * 2]);
+              atomicAdd(dst + dt * 8 + 1, acc[dt][hh2 * 2 + 1]);
+            }
+          }
+        }
+      }
+    }
+#endif
+    if constexpr (kRowData) {
+      if (it + 1 < n_items && tid < kBM) rowdata[(st ^ 1) * kBM + tid] = row_data(p, next_q, next_raw);
+    }
+  }
+  cp_async_wait<0>();
+
+  // dK and dV of this thread's two keys, in the dtype.
+#pragma unroll
+  for (int hh2 = 0; hh2 < 2; ++hh2) {
+    const int kv = n0 + key_row0 + 8 * hh2;
+    if (kv < kv_len) {
+      elem_t* dkp = static_cast<elem_t*>(p.dk) + b * p.dk_stride_b + hkv * p.dk_stride_h +
+                    kv * p.dk_stride_s + 2 * t4;
+      elem_t* dvp = static_cast<elem_t*>(p.dv) + b * p.dv_stride_b + hkv * p.dv_stride_h +
+                    kv * p.dv_stride_s + 2 * t4;
+#pragma unroll
+      for (int dt = 0; dt < kDTQ; ++dt) {
+        *reinterpret_cast<unsigned*>(dkp + dt * 8) = pack2(dk[dt][hh2 * 2], dk[dt][hh2 * 2 + 1]);
+      }
+#pragma unroll
+      for (int dt = 0; dt < kDTV; ++dt) {
+        *reinterpret_cast<unsigned*>(dvp + dt * 8) = pack2(dv[dt][hh2 * 2], dv[dt][hh2 * 2 + 1]);
+      }
+    }
+  }
+}
+
+#if KC_DETERMINISTIC
+// ---------------------------------------------------------------------------
+// dQ without atomics: one CTA per (query tile, query head, batch).
+// Grid (ceil(q_len / 64), num_q_heads, batch); KC_BWD_NUM_WARPS * 32 threads.
+// ---------------------------------------------------------------------------
+extern "C" __global__ void __launch_bounds__(KC_BWD_NUM_WARPS * 32, 2)
+    kcache_attn_bwd_dq(const __grid_constant__ kcache::AttentionParams p) {
+  using namespace kcache;
+  using namespace kcache::attn_bwd;
+  extern __shared__ __align__(128) unsigned char smem[];
+
+  const int tid = threadIdx.x;
+  const int warp = tid >> 5;
+  const int lane = tid & 31;
+  const int g = lane >> 2;
+  const int t4 = lane & 3;
+  const int l7 = lane & 7;
+  const int qt = gridDim.x - 1 - blockIdx.x;  // heavy causal tiles first
+  const int h = blockIdx.y;
+  const int b = blockIdx.z;
+  const int m0 = qt * kBM;
+  const int q_len = p.q_len;
+  const int kv_len = p.kv_len;
+  const int hkv = h / (p.num_q_heads / p.num_kv_heads);
+  const int off = KC_MASK_BOTTOM_RIGHT ? kv_len - q_len : 0;
+  const int n_kv_tiles = (kv_len + kBN - 1) / kBN;
+  const int mlast = imin(m0 + kBM, q_len) - 1;
+
+  constexpr int kKB = kBN * kDQK * 2, kVB = kBN * kDV * 2;
+  const unsigned sQ = smem_u32(smem);
+  const unsigned sO = sQ + kBM * kDQK * 2;
+  const unsigned sK = sO + kBM * kDV * 2;  // 2 stages
+  const unsigned sV = sK + 2 * kKB;        // 2 stages
+  unsigned char* const base = smem + (sV + 2 * kVB - sQ);
+  int4* rowdata = reinterpret_cast<int4*>(base);
+  unsigned* list = reinterpret_cast<unsigned*>(base + kBM * 16);
+  int* misc = reinterpret_cast<int*>(base + kBM * 16 + 4 * kList);
+  static_assert(kBM * (kDQK + kDV) * 2 + 2 * (kKB + kVB) + kBM * 16 + 4 * kList + 16 ==
+                    AttentionBwdDqSmemBytes(kBM, kBN, kDQK, kDV),
+                "shared-memory layout out of step with attention_tiles.h");
+
+  const elem_t* kg = static_cast<const elem_t*>(p.k) + b * p.k_stride_b + hkv * p.k_stride_h;
+  const elem_t* vg = static_cast<const elem_t*>(p.v) + b * p.v_stride_b + hkv * p.v_stride_h;
+  load_rows<kDQK>(sQ, static_cast<const elem_t*>(p.q) + b * p.q_stride_b + h * p.q_stride_h,
+                  p.q_stride_s, m0, q_len, tid);
+  load_rows<kDV>(sO, static_cast<const elem_t*>(p.dout) + b * p.do_stride_b + h * p.do_stride_h,
+                 p.do_stride_s, m0, q_len, tid);
+  cp_async_commit();
+  if constexpr (kRowData) {
+    if (tid < kBM) rowdata[tid] = row_data(p, m0 + tid, row_raw(p, b, m0 + tid));
+  }
+
+  // ---- the walk over key tiles ---------------------------------------------
+  int first = 0;
+  int n_iter = n_kv_tiles;
+#if KC_MASK == KC_MASK_CAUSAL || KC_MASK == KC_MASK_SLIDING_WINDOW
+  {
+    const int kv_lo = kWinLeft < 0 ? 0 : imax(0, m0 + off - kWinLeft);
+    const int kv_hi = kWinRight < 0 ? kv_len : imin(kv_len, mlast + off + kWinRight + 1);
+    n_iter = 0;
+    if (kv_hi > kv_lo) {
+      first = kv_lo / kBN;
+      n_iter = (kv_hi + kBN - 1) / kBN - first;
+    }
+  }
+#endif
+  bool use_list = false;
+#if KC_MASK == KC_MASK_DOCUMENT || KC_MASK == KC_MASK_DRAFTER || KC_MASK == KC_MASK_EXPR
+  use_list = n_kv_tiles <= kList;
+  if (use_list) {
+#if KC_MASK == KC_MASK_DOCUMENT
+    const int* q_ids = p.q_seq_id + b * p.q_seq_id_stride_b;
+    const int* kv_ids = p.kv_seq_id + b * p.kv_seq_id_stride_b;
+    int qmin, qmax;
+    warp_id_range(q_ids, m0, mlast + 1, lane, qmin, qmax);
+    for (int t = warp; t < n_kv_tiles; t += kNW) {
+      const int n0 = t * kBN, n1 = imin(n0 + kBN, kv_len);
+      int kmin, kmax;
+      warp_id_range(kv_ids, n0, n1, lane, kmin, kmax);
+      if (lane == 0) list[t] = static_cast<unsigned>(classify_doc(qmin, qmax, kmin, kmax, m0, mlast + 1, n0, n1));
+    }
+#elif KC_MASK == KC_MASK_DRAFTER
+    for (int t = tid; t < n_kv_tiles; t += kThreads) {
+      list[t] = static_cast<unsigned>(classify_pair(p, b, qt, t, q_len, kv_len, off));
+    }
+#else
+    const bool q_inb = m0 + kBM <= q_len;
+    for (int t = tid; t < n_kv_tiles; t += kThreads) {
+      int c = 1;
+      if (p.tile_class != nullptr) {
+        c = p.tile_class[b * p.tile_class_stride_b + h * p.tile_class_stride_h +
+                         qt * p.tile_class_stride_m + t];
+        c = c < 0 || c > 2 ? 1 : c;
+      }
+      if (c == 2 && !(q_inb && t * kBN + kBN <= kv_len)) c = 1;
+      list[t] = static_cast<unsigned>(c);
+    }
+#endif
+    __syncthreads();
+    if (warp == 0) {
+      const int c = compact_list(list, n_kv_tiles, lane);
+      if (lane == 0) misc[0] = c;
+    }
+    __syncthreads();
+    n_iter = misc[0];
+  }
+#endif
+  auto tile_of = [&](int i, int& tile, int& cls) {
+    if (use_list) {
+      const unsigned e = list[i];
+      tile = static_cast<int>(e & 0x3fffffffu);
+      cls = static_cast<int>(e >> 30);
+    } else {
+      tile = first + i;
+      cls = kListMask ? 1 : classify_pair(p, b, qt, tile, q_len, kv_len, off);
+    }
+  };
+  auto prefetch = [&](int i, int st) {
+    int tile, cls;
+    tile_of(i, tile, cls);
+    load_rows<kDQK>(sK + st * kKB, kg, p.k_stride_s, tile * kBN, kv_len, tid);
+    load_rows<kDV>(sV + st * kVB, vg, p.v_stride_s, tile * kBN, kv_len, tid);
+  };
+  if (n_iter > 0) prefetch(0, 0);
+  cp_async_commit();
+
+  // This thread's two rows: LSE, delta, row data.
+  const int row0 = warp * 16 + g;  // + 8 * hh
+  float l2[2], del[2];
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    const int q = m0 + row0 + 8 * hh;
+    const bool ok = q < q_len;
+    l2[hh] = ok ? lse_log2(p.lse[b * p.lse_stride_b + h * p.lse_stride_h + q]) : 0.f;
+    del[hh] = ok ? p.delta[(static_cast<long long>(b) * p.num_q_heads + h) * q_len + q] : 0.f;
+  }
+  ScoreCtx sc{0.f};
+#if KC_SCORE_MOD == KC_SCORE_ALIBI
+  sc.alibi_slope = p.alibi_slopes[h];
+#endif
+
+  const unsigned akey = static_cast<unsigned>(l7 ^ (lane >> 4)) << 4;
+  const unsigned bkey = static_cast<unsigned>(l7 ^ ((lane >> 3) & 1)) << 4;
+  const int brow = l7 + ((lane >> 4) << 3);
+  const int trow = l7 + (((lane >> 3) & 1) << 3);
+  const unsigned q_a = sQ + (warp * 16 + (lane & 15)) * (kDQK * 2);
+  const unsigned o_a = sO + (warp * 16 + (lane & 15)) * (kDV * 2);
+
+  float dq[kDTQ][4];
+#pragma unroll
+  for (int i = 0; i < kDTQ; ++i) dq[i][0] = dq[i][1] = dq[i][2] = dq[i][3] = 0.f;
+  int4 rd[2] = {make_int4(0, 0, 0, 0), make_int4(0, 0, 0, 0)};
+
+  for (int i = 0; i < n_iter; ++i) {
+    const int st = i & 1;
+    cp_async_wait<0>();
+    __syncthreads();
+    if (i == 0 && kRowData) {
+      rd[0] = rowdata[row0];
+      rd[1] = rowdata[row0 + 8];
+    }
+    if (i + 1 < n_iter) prefetch(i + 1, st ^ 1);
+    cp_async_commit();
+
+    int tile, cls;
+    tile_of(i, tile, cls);
+    const int n0 = tile * kBN;
+    const unsigned k_s = sK + st * kKB;
+    const unsigned v_s = sV + st * kVB;
+
+    float s[kNT][4], dp[kNT][4];
+#pragma unroll
+    for (int nt = 0; nt < kNT; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[nt][e] = dp[nt][e] = 0.f;
+    }
+#pragma unroll
+    for (int kk = 0; kk < kKQ; ++kk) {
+      unsigned a[4];
+      ldsm_x4(q_a + ((kk * 32) ^ akey), a[0], a[1], a[2], a[3]);
+#pragma unroll
+      for (int np = 0; np < kNT / 2; ++np) {
+        unsigned b0, b1, b2, b3;
+        ldsm_x4(k_s + (np * 16 + brow) * (kDQK * 2) + ((kk * 32) ^ bkey), b0, b1, b2, b3);
+        mma16816(s[2 * np], a, b0, b1);
+        mma16816(s[2 * np + 1], a, b2, b3);
+      }
+    }
+#pragma unroll
+    for (int kk = 0; kk < kKV; ++kk) {
+      unsigned a[4];
+      ldsm_x4(o_a + ((kk * 32) ^ akey), a[0], a[1], a[2], a[3]);
+#pragma unroll
+      for (int np = 0; np < kNT / 2; ++np) {
+        unsigned b0, b1, b2, b3;
+        ldsm_x4(v_s + (np * 16 + brow) * (kDV * 2) + ((kk * 32) ^ bkey), b0, b1, b2, b3);
+        mma16816(dp[2 * np], a, b0, b1);
+        mma16816(dp[2 * np + 1], a, b2, b3);
+      }
+    }
+
+#pragma unroll
+    for (int nt = 0; nt < kNT; ++nt) {
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const int kv = n0 + nt * 8 + 2 * t4 + c;
+        int kv_id = 0;
+#if KC_MASK == KC_MASK_DOCUMENT
+        if (cls != 2 && kv < kv_len) kv_id = p.kv_seq_id[b * p.kv_seq_id_stride_b + kv];
+#endif
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          const int q = m0 + row0 + 8 * hh;
+          const bool vis = cls == 2 || visible(p, b, h, q, kv, q_len, kv_len, off, rd[hh], kv_id);
+          float pe, ds;
+          element_grad(s[nt][hh * 2 + c], dp[nt][hh * 2 + c], l2[hh], del[hh], vis, sc, b, h, q,
+                       kv, p, false, pe, ds);
+          dp[nt][hh * 2 + c] = ds;
+        }
+      }
+    }
+
+    // dQ += dS K (A = dS from registers, B = K transposed).
+#pragma unroll
+    for (int kk = 0; kk < kNT / 2; ++kk) {
+      unsigned sa[4];
+      sa[0] = pack2(dp[2 * kk][0], dp[2 * kk][1]);
+      sa[1] = pack2(dp[2 * kk][2], dp[2 * kk][3]);
+      sa[2] = pack2(dp[2 * kk + 1][0], dp[2 * kk + 1][1]);
+      sa[3] = pack2(dp[2 * kk + 1][2], dp[2 * kk + 1][3]);
+#pragma unroll
+      for (int dpair = 0; dpair < kDTQ / 2; ++dpair) {
+        unsigned b0, b1, b2, b3;
+        ldsm_x4_t(k_s + (kk * 16 + trow) * (kDQK * 2) + ((dpair * 32) ^ akey), b0, b1, b2, b3);
+        mma16816(dq[2 * dpair], sa, b0, b1);
+        mma16816(dq[2 * dpair + 1], sa, b2, b3);
+      }
+    }
+  }
+  cp_async_wait<0>();
+
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    const int q = m0 + row0 + 8 * hh;
+    if (q < q_len) {
+      elem_t* dst = static_cast<elem_t*>(p.dq) + b * p.dq_stride_b + h * p.dq_stride_h +
+                    q * p.dq_stride_s + 2 * t4;
+#pragma unroll
+      for (int dt = 0; dt < kDTQ; ++dt) {
+        *reinterpret_cast<unsigned*>(dst + dt * 8) = pack2(dq[dt][hh * 2], dq[dt][hh * 2 + 1]);
+      }
+    }
+  }
+}
+#endif  // KC_DETERMINISTIC
