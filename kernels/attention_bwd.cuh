@@ -820,6 +820,32 @@ extern "C" __global__ void __launch_bounds__(KC_BWD_NUM_WARPS * 32, 2)
             mma16816(acc[2 * dpair + 1], da[kk], b2, b3);
           }
         }
+#if KC_ARCH >= 90
+        // Vector reductions: lanes t4 and t4 ^ 1 swap halves so that each
+        // adds four consecutive columns of one row (even t4: row g, odd:
+        // row g + 8), a quarter of the scalar reductions.
+        {
+          const int odd = t4 & 1;
+          const int r = warp * 16 + g + 8 * odd;
+          float* dst = acc_row + r * kDQK + dc * 64 + 2 * (t4 & ~1);
+#pragma unroll
+          for (int dt = 0; dt < 8; ++dt) {
+            const float s0 = odd ? acc[dt][0] : acc[dt][2];
+            const float s1 = odd ? acc[dt][1] : acc[dt][3];
+            const float r0 = __shfl_xor_sync(0xffffffffu, s0, 1);
+            const float r1 = __shfl_xor_sync(0xffffffffu, s1, 1);
+            const float v0 = odd ? r0 : acc[dt][0];
+            const float v1 = odd ? r1 : acc[dt][1];
+            const float v2 = odd ? acc[dt][2] : r0;
+            const float v3 = odd ? acc[dt][3] : r1;
+            if (m0 + r < q_len) {
+              asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(dst + dt * 8),
+                           "f"(v0), "f"(v1), "f"(v2), "f"(v3)
+                           : "memory");
+            }
+          }
+        }
+#else
 #pragma unroll
         for (int hh2 = 0; hh2 < 2; ++hh2) {
           const int r = warp * 16 + g + 8 * hh2;
@@ -832,6 +858,7 @@ extern "C" __global__ void __launch_bounds__(KC_BWD_NUM_WARPS * 32, 2)
             }
           }
         }
+#endif
       }
     }
 #endif
