@@ -21,6 +21,34 @@ namespace {
 struct Value {
   std::string text;
   ExprType type;
+  int temp = -1;       // tN: N, the index of the node in the tape; -1 otherwise
+  bool score = false;  // the `score` parameter
+};
+
+// What reverse-mode differentiation needs to know of one emitted temporary.
+// Everything that is not a float operation with a derivative is kNone
+// (ints, bools, comparisons, TO_FLOAT, constants): no gradient flows
+// through it.
+enum class DiffOp {
+  kNone,
+  kAdd,
+  kSub,
+  kMul,
+  kDiv,
+  kNeg,
+  kAbs,
+  kExp,
+  kTanh,
+  kMin,
+  kMax,
+  kSelect,  // args: cond, if_true, if_false
+  kRead,    // float buffer read; args: the indices
+};
+
+struct TapeNode {
+  DiffOp op = DiffOp::kNone;
+  std::vector<Value> args;
+  int slot = -1;  // kRead: the buffer slot
 };
 
 const char* CType(ExprType t) {
@@ -74,7 +102,7 @@ class Lowerer {
         return Value{e.bool_const() ? "true" : "false", ExprType::kBool};
       case v1::Expr::kScore:
         if (!score_allowed_) return Bad("score outside a score modification");
-        return Value{"score", ExprType::kFloat};
+        return Value{"score", ExprType::kFloat, -1, /*score=*/true};
       case v1::Expr::kUnary:
         return LowerUnary(e.unary());
       case v1::Expr::kBinary:
@@ -87,7 +115,8 @@ class Lowerer {
         absl::StatusOr<Value> f = Lower(e.select().if_false());
         if (!f.ok()) return f.status();
         if (c->type != ExprType::kBool || t->type != f->type) return Bad("select types");
-        return Emit(t->type, absl::StrCat(c->text, " ? ", t->text, " : ", f->text));
+        return Emit(t->type, absl::StrCat(c->text, " ? ", t->text, " : ", f->text),
+                    t->type == ExprType::kFloat ? DiffOp::kSelect : DiffOp::kNone, {*c, *t, *f});
       }
       case v1::Expr::kRead:
         return LowerRead(e.read());
@@ -99,6 +128,8 @@ class Lowerer {
 
   const std::string& body() const { return body_; }
   bool uses_imod() const { return uses_imod_; }
+  // One entry per temporary: tape()[N] describes tN.
+  const std::vector<TapeNode>& tape() const { return tape_; }
 
  private:
   static absl::Status Bad(absl::string_view what) {
@@ -106,10 +137,13 @@ class Lowerer {
         absl::StrCat("expression does not type-check (", what, "); validate the spec first"));
   }
 
-  Value Emit(ExprType type, const std::string& rhs) {
-    std::string name = absl::StrCat("t", next_++);
+  Value Emit(ExprType type, const std::string& rhs, DiffOp op = DiffOp::kNone,
+             std::vector<Value> args = {}, int slot = -1) {
+    const int n = static_cast<int>(tape_.size());
+    std::string name = absl::StrCat("t", n);
     absl::StrAppend(&body_, "  const ", CType(type), " ", name, " = ", rhs, ";\n");
-    return Value{name, type};
+    tape_.push_back(TapeNode{op, std::move(args), slot});
+    return Value{name, type, n};
   }
 
   absl::StatusOr<Value> LowerUnary(const v1::UnaryExpr& u) {
@@ -123,7 +157,7 @@ class Lowerer {
           return Emit(ExprType::kInt,
                       absl::StrCat("static_cast<int>(0u - static_cast<unsigned>(", a->text, "))"));
         }
-        if (is_float) return Emit(ExprType::kFloat, absl::StrCat("-", a->text));
+        if (is_float) return Emit(ExprType::kFloat, absl::StrCat("-", a->text), DiffOp::kNeg, {*a});
         break;
       case v1::UnaryExpr::OP_ABS:
         if (is_int) {
@@ -131,16 +165,22 @@ class Lowerer {
                       absl::StrCat(a->text, " < 0 ? static_cast<int>(0u - static_cast<unsigned>(",
                                    a->text, ")) : ", a->text));
         }
-        if (is_float) return Emit(ExprType::kFloat, absl::StrCat("fabsf(", a->text, ")"));
+        if (is_float) {
+          return Emit(ExprType::kFloat, absl::StrCat("fabsf(", a->text, ")"), DiffOp::kAbs, {*a});
+        }
         break;
       case v1::UnaryExpr::OP_NOT:
         if (a->type == ExprType::kBool) return Emit(ExprType::kBool, absl::StrCat("!", a->text));
         break;
       case v1::UnaryExpr::OP_EXP:
-        if (is_float) return Emit(ExprType::kFloat, absl::StrCat("expf(", a->text, ")"));
+        if (is_float) {
+          return Emit(ExprType::kFloat, absl::StrCat("expf(", a->text, ")"), DiffOp::kExp, {*a});
+        }
         break;
       case v1::UnaryExpr::OP_TANH:
-        if (is_float) return Emit(ExprType::kFloat, absl::StrCat("tanhf(", a->text, ")"));
+        if (is_float) {
+          return Emit(ExprType::kFloat, absl::StrCat("tanhf(", a->text, ")"), DiffOp::kTanh, {*a});
+        }
         break;
       case v1::UnaryExpr::OP_TO_FLOAT:
         if (is_int) {
@@ -170,12 +210,19 @@ class Lowerer {
       case Op::OP_SUB:
       case Op::OP_MUL: {
         const char* op = bin.op() == Op::OP_ADD ? "+" : bin.op() == Op::OP_SUB ? "-" : "*";
+        const DiffOp d = bin.op() == Op::OP_ADD   ? DiffOp::kAdd
+                         : bin.op() == Op::OP_SUB ? DiffOp::kSub
+                                                  : DiffOp::kMul;
         if (t == ExprType::kInt) return Emit(t, Wrap(op, *a, *b));
-        if (t == ExprType::kFloat) return Emit(t, absl::StrCat(a->text, " ", op, " ", b->text));
+        if (t == ExprType::kFloat) {
+          return Emit(t, absl::StrCat(a->text, " ", op, " ", b->text), d, {*a, *b});
+        }
         break;
       }
       case Op::OP_DIV:
-        if (t == ExprType::kFloat) return Emit(t, absl::StrCat(a->text, " / ", b->text));
+        if (t == ExprType::kFloat) {
+          return Emit(t, absl::StrCat(a->text, " / ", b->text), DiffOp::kDiv, {*a, *b});
+        }
         break;
       case Op::OP_MOD:
         if (t == ExprType::kInt) {
@@ -188,7 +235,8 @@ class Lowerer {
           return Emit(t, absl::StrCat(a->text, " < ", b->text, " ? ", a->text, " : ", b->text));
         }
         if (t == ExprType::kFloat) {
-          return Emit(t, absl::StrCat("fminf(", a->text, ", ", b->text, ")"));
+          return Emit(t, absl::StrCat("fminf(", a->text, ", ", b->text, ")"), DiffOp::kMin,
+                      {*a, *b});
         }
         break;
       case Op::OP_MAX:
@@ -196,7 +244,8 @@ class Lowerer {
           return Emit(t, absl::StrCat(a->text, " > ", b->text, " ? ", a->text, " : ", b->text));
         }
         if (t == ExprType::kFloat) {
-          return Emit(t, absl::StrCat("fmaxf(", a->text, ", ", b->text, ")"));
+          return Emit(t, absl::StrCat("fmaxf(", a->text, ", ", b->text, ")"), DiffOp::kMax,
+                      {*a, *b});
         }
         break;
       case Op::OP_EQ:
@@ -231,34 +280,50 @@ class Lowerer {
     if (!ElemTypeToExprType(buf.type, &type)) return Bad("buffer element type");
     if (static_cast<uint32_t>(r.index_size()) != buf.rank) return Bad("buffer rank");
     std::string call = absl::StrCat("kc_read_", buf.slot, "(p");
+    std::vector<Value> index;
     for (const v1::Expr& i : r.index()) {
       absl::StatusOr<Value> v = Lower(i);
       if (!v.ok()) return v.status();
       if (v->type != ExprType::kInt) return Bad("buffer index type");
       absl::StrAppend(&call, ", ", v->text);
+      index.push_back(*std::move(v));
     }
     call += ")";
-    return Emit(type, call);
+    return Emit(type, call, type == ExprType::kFloat ? DiffOp::kRead : DiffOp::kNone,
+                std::move(index), buf.slot);
   }
 
   const ExprBufferTable* buffers_;
   const bool score_allowed_;
   std::string body_;
-  int next_ = 0;
+  std::vector<TapeNode> tape_;
   bool uses_imod_ = false;
 };
 
+// Parameters, bounds checks and element offset of a buffer access of
+// `rank` indices, shared by the read and gradient helpers so that both
+// address the same element under the same conditions.
+struct IndexMath {
+  std::string params;  // ", int i0, int i1"
+  std::string checks;  // one early return per dimension
+  std::string offset;  // the element offset, in elements
+};
+IndexMath MakeIndexMath(uint32_t rank, absl::string_view fail_return) {
+  IndexMath m;
+  for (uint32_t d = 0; d < rank; ++d) {
+    absl::StrAppend(&m.params, ", int i", d);
+    absl::StrAppend(&m.checks, "  if (i", d, " < 0 || static_cast<kc_i64>(i", d, ") >= buf.extent[",
+                    d, "]) return", fail_return, ";\n");
+    absl::StrAppend(&m.offset, d == 0 ? "" : " + ", "static_cast<kc_i64>(i", d, ") * buf.stride[",
+                    d, "]");
+  }
+  return m;
+}
+
 // The bounds-checked read helper of one buffer slot.
 std::string ReadHelper(int slot, ExprType type, uint32_t rank) {
-  std::string params, checks, offset;
-  for (uint32_t d = 0; d < rank; ++d) {
-    absl::StrAppend(&params, ", int i", d);
-    absl::StrAppend(&checks, "  if (i", d, " < 0 || static_cast<kc_i64>(i", d, ") >= buf.extent[",
-                    d, "]) return ", type == ExprType::kBool ? "false" : "0", ";\n");
-    absl::StrAppend(&offset, d == 0 ? "" : " + ", "static_cast<kc_i64>(i", d, ") * buf.stride[", d,
-                    "]");
-  }
   const char* zero = type == ExprType::kBool ? "false" : "0";
+  const IndexMath m = MakeIndexMath(rank, absl::StrCat(" ", zero));
   std::string load;
   switch (type) {
     case ExprType::kInt:
@@ -272,10 +337,158 @@ std::string ReadHelper(int slot, ExprType type, uint32_t rank) {
       break;
   }
   return absl::StrCat("__device__ __forceinline__ ", CType(type), " kc_read_", slot,
-                      "(const kcache::AttentionParams& p", params, ") {\n",
+                      "(const kcache::AttentionParams& p", m.params, ") {\n",
                       "  const kcache::KcBuffer& buf = p.buffers[", slot, "];\n",
                       "  if (buf.ptr == nullptr || buf.rank != ", rank, ") return ", zero, ";\n",
-                      checks, "  const kc_i64 off = ", offset, ";\n", "  return ", load, ";\n}\n");
+                      m.checks, "  const kc_i64 off = ", m.offset, ";\n", "  return ", load,
+                      ";\n}\n");
+}
+
+// The gradient helper of one trainable float buffer: adds g into
+// p.buffer_grads[slot] at the element kc_read_<slot> reads, exactly when
+// that read is in range (a read that gives 0 has no gradient), and not at
+// all for g == 0 (masked or saturated elements cost no atomic).
+std::string GradHelper(int slot, uint32_t rank) {
+  const IndexMath m = MakeIndexMath(rank, "");
+  return absl::StrCat("__device__ __forceinline__ void kc_grad_", slot,
+                      "(const kcache::AttentionParams& p, float g", m.params, ") {\n",
+                      "  const kcache::KcBuffer& buf = p.buffers[", slot, "];\n",
+                      "  float* const dst = p.buffer_grads[", slot, "];\n",
+                      "  if (g == 0.0f || dst == nullptr || buf.ptr == nullptr || buf.rank != ",
+                      rank, ") return;\n", m.checks, "  const kc_i64 off = ", m.offset, ";\n",
+                      "  atomicAdd(dst + off, g);\n}\n");
+}
+
+// Reverse-mode differentiation of a lowered score expression: the statements
+// that follow the forward body (the temporaries tN) in kc_expr_score_grad.
+// The adjoint of tN is aN, that of `score` is ds; the root's adjoint is
+// `grad`. Only temporaries on a differentiable path from the root to
+// `score` or a trainable read get an adjoint. Rules: + - * / neg as usual;
+// abs: sign (0 at 0); exp: the value; tanh: 1 - t^2; min/max: all to the
+// operand the forward returned (the left one on ties); select: to the
+// branch taken; reads of trainable buffers: kc_grad_<slot>; everything else
+// (ints, bools, TO_FLOAT, constants, select conditions, indices) carries
+// no gradient.
+std::string ReverseSweep(const std::vector<TapeNode>& tape, const Value& root,
+                         const std::vector<bool>& trainable_slot) {
+  const size_t n = tape.size();
+  std::vector<bool> varying(n, false);
+  const auto is_varying = [&](const Value& v) {
+    return v.score || (v.temp >= 0 && varying[static_cast<size_t>(v.temp)]);
+  };
+  // The operands a node's adjoint flows to.
+  const auto diff_args = [](const TapeNode& t) -> std::vector<const Value*> {
+    std::vector<const Value*> out;
+    switch (t.op) {
+      case DiffOp::kNone:
+      case DiffOp::kRead:
+        break;
+      case DiffOp::kSelect:
+        out = {&t.args[1], &t.args[2]};
+        break;
+      default:
+        for (const Value& a : t.args) out.push_back(&a);
+        break;
+    }
+    return out;
+  };
+  for (size_t k = 0; k < n; ++k) {
+    const TapeNode& t = tape[k];
+    if (t.op == DiffOp::kRead) {
+      varying[k] = t.slot >= 0 && static_cast<size_t>(t.slot) < trainable_slot.size() &&
+                   trainable_slot[static_cast<size_t>(t.slot)];
+      continue;
+    }
+    for (const Value* a : diff_args(t)) varying[k] = varying[k] || is_varying(*a);
+  }
+  std::vector<bool> active(n, false);
+  if (root.temp >= 0)
+    active[static_cast<size_t>(root.temp)] = varying[static_cast<size_t>(root.temp)];
+  for (size_t k = n; k-- > 0;) {
+    if (!active[k]) continue;
+    for (const Value* a : diff_args(tape[k])) {
+      if (a->temp >= 0 && is_varying(*a)) active[static_cast<size_t>(a->temp)] = true;
+    }
+  }
+
+  std::string out =
+      "  // reverse sweep: aN = d(result)/d(tN) * grad, ds = d(result)/d(score) * grad\n";
+  out += "  float ds = 0.0f;\n";
+  if (root.score) out += "  ds += grad;\n";
+  for (size_t k = 0; k < n; ++k) {
+    if (!active[k]) continue;
+    if (static_cast<int>(k) == root.temp) {
+      absl::StrAppend(&out, "  const float a", k, " = grad;\n");
+    } else {
+      absl::StrAppend(&out, "  float a", k, " = 0.0f;\n");
+    }
+  }
+  // `target op= rhs` for an operand that takes a gradient.
+  const auto acc = [&](const Value& v, absl::string_view op, const std::string& rhs) {
+    if (!is_varying(v)) return;
+    absl::StrAppend(&out, "  ", v.score ? std::string("ds") : absl::StrCat("a", v.temp), " ", op,
+                    " ", rhs, ";\n");
+  };
+  for (size_t k = n; k-- > 0;) {
+    if (!active[k]) continue;
+    const TapeNode& t = tape[k];
+    const std::string g = absl::StrCat("a", k);
+    const std::string tk = absl::StrCat("t", k);
+    const auto arg = [&](size_t i) -> const Value& { return t.args[i]; };
+    switch (t.op) {
+      case DiffOp::kAdd:
+        acc(arg(0), "+=", g);
+        acc(arg(1), "+=", g);
+        break;
+      case DiffOp::kSub:
+        acc(arg(0), "+=", g);
+        acc(arg(1), "-=", g);
+        break;
+      case DiffOp::kMul:
+        acc(arg(0), "+=", absl::StrCat(g, " * ", arg(1).text));
+        acc(arg(1), "+=", absl::StrCat(g, " * ", arg(0).text));
+        break;
+      case DiffOp::kDiv:
+        acc(arg(0), "+=", absl::StrCat(g, " / ", arg(1).text));
+        acc(arg(1), "-=", absl::StrCat(g, " / ", arg(1).text, " * ", tk));
+        break;
+      case DiffOp::kNeg:
+        acc(arg(0), "-=", g);
+        break;
+      case DiffOp::kAbs:
+        acc(arg(0), "+=",
+            absl::StrCat(arg(0).text, " > 0.0f ? ", g, " : (", arg(0).text, " < 0.0f ? -", g,
+                         " : 0.0f)"));
+        break;
+      case DiffOp::kExp:
+        acc(arg(0), "+=", absl::StrCat(g, " * ", tk));
+        break;
+      case DiffOp::kTanh:
+        acc(arg(0), "+=", absl::StrCat(g, " * (1.0f - ", tk, " * ", tk, ")"));
+        break;
+      case DiffOp::kMin:
+      case DiffOp::kMax:
+        // fminf/fmaxf return one of their operands (the other one when one
+        // is NaN): the gradient goes to the one returned.
+        acc(arg(0), "+=", absl::StrCat(tk, " == ", arg(0).text, " ? ", g, " : 0.0f"));
+        acc(arg(1), "+=", absl::StrCat(tk, " == ", arg(0).text, " ? 0.0f : ", g));
+        break;
+      case DiffOp::kSelect:
+        acc(arg(1), "+=", absl::StrCat(arg(0).text, " ? ", g, " : 0.0f"));
+        acc(arg(2), "+=", absl::StrCat(arg(0).text, " ? 0.0f : ", g));
+        break;
+      case DiffOp::kRead: {
+        absl::StrAppend(&out, "  if (buffer_grads) kc_grad_", t.slot, "(p, ", g);
+        for (const Value& i : t.args) absl::StrAppend(&out, ", ", i.text);
+        out += ");\n";
+        break;
+      }
+      case DiffOp::kNone:
+        break;
+    }
+  }
+  out += "  return ds;\n";
+  return out;
 }
 
 constexpr const char* kImodHelper =
@@ -308,6 +521,14 @@ absl::StatusOr<std::string> LowerSpecExpressions(const v1::AttentionSpec& spec) 
   const bool score_expr = spec.score_mod().has_expr();
   if (!mask_expr && !score_expr) return std::string();
   const ExprBufferTable buffers = BuildBufferTable(spec);
+  // Slots whose reads get a gradient: float32 buffers declared trainable,
+  // in a spec with the backward pass.
+  std::vector<bool> trainable_slot(static_cast<size_t>(spec.buffers_size()), false);
+  for (int i = 0; i < spec.buffers_size(); ++i) {
+    trainable_slot[static_cast<size_t>(i)] = spec.backward() && score_expr &&
+                                             spec.buffers(i).trainable() &&
+                                             spec.buffers(i).type() == v1::ELEM_TYPE_FLOAT32;
+  }
 
   std::string functions;
   bool uses_imod = false;
@@ -341,6 +562,21 @@ absl::StatusOr<std::string> LowerSpecExpressions(const v1::AttentionSpec& spec) 
                     "                                               const "
                     "kcache::AttentionParams& p) {\n",
                     "  (void)score;\n", kUnused, l.body(), "  return ", v->text, ";\n}\n");
+    if (spec.backward()) {
+      // The forward body again, verbatim (so values agree with
+      // kc_expr_score bit for bit), then the reverse sweep.
+      absl::StrAppend(
+          &functions,
+          "__device__ __forceinline__ float kc_expr_score_grad(float score, float grad, "
+          "int b, int h,\n"
+          "                                                    int q_idx, int kv_idx,\n"
+          "                                                    const "
+          "kcache::AttentionParams& p,\n"
+          "                                                    bool buffer_grads) {\n",
+          "  (void)score; (void)grad; (void)buffer_grads;\n", kUnused, l.body());
+      if (v->temp >= 0) absl::StrAppend(&functions, "  (void)", v->text, ";\n");
+      absl::StrAppend(&functions, ReverseSweep(l.tape(), *v, trainable_slot), "}\n");
+    }
   }
 
   std::string out = "// --- generated from the spec's expression trees ---\n";
@@ -350,6 +586,9 @@ absl::StatusOr<std::string> LowerSpecExpressions(const v1::AttentionSpec& spec) 
       return absl::InvalidArgumentError("buffer without element type; validate the spec first");
     }
     absl::StrAppend(&out, ReadHelper(i, t, spec.buffers(i).rank()));
+    if (trainable_slot[static_cast<size_t>(i)]) {
+      absl::StrAppend(&out, GradHelper(i, spec.buffers(i).rank()));
+    }
   }
   if (uses_imod) out += kImodHelper;
   out += functions;

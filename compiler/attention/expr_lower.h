@@ -17,6 +17,19 @@
 //    0 / 0.0f / false; bool buffers hold one byte per element (nonzero =
 //    true).
 //  - SELECT evaluates both branches (they have no side effects).
+//
+// With the backward pass (spec.backward), a score modification also gets
+// kc_expr_score_grad (docs/kernel-contract.md, "Backward"): the forward
+// body verbatim, then a reverse-mode sweep over the same temporaries.
+// Derivatives: + - * / and NEG as usual; ABS: sign (0 at 0); EXP: its value;
+// TANH: 1 - tanh^2; MIN/MAX: everything to the operand returned (the left
+// one on ties, the non-NaN one when one is NaN); SELECT: to the branch
+// taken; ints, bools, TO_FLOAT, comparisons, constants, select conditions
+// and buffer indices carry none. Reads of float32 buffers declared
+// trainable add grad * adjoint into p.buffer_grads[slot] at the element
+// read, with atomicAdd, only when the read is in range (the conditions of
+// the read helper), p.buffer_grads[slot] is non-null, the adjoint is
+// nonzero and the caller passes buffer_grads = true.
 #pragma once
 
 #include <string>
@@ -27,9 +40,11 @@
 namespace kcache::attention {
 
 // Device code for a normalized, validated spec: the bounds-checked read
-// helper of every declared buffer, the int modulus helper when used, and
-// kc_expr_mask / kc_expr_score (docs/kernel-contract.md) for an expression
-// mask / score modification. Empty when the spec has neither. Must follow
+// helper of every declared buffer (and the gradient helper kc_grad_<slot>
+// of each trainable one, with backward), the int modulus helper when used,
+// and kc_expr_mask / kc_expr_score (docs/kernel-contract.md) for an
+// expression mask / score modification, plus kc_expr_score_grad for a
+// score modification with backward. Empty when the spec has neither. Must follow
 // #include "attention_params.h" in the translation unit. InvalidArgument if
 // a tree does not type-check (callers validate first; this is a backstop).
 absl::StatusOr<std::string> LowerSpecExpressions(const v1::AttentionSpec& normalized);

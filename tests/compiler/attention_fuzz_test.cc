@@ -2,7 +2,9 @@
 // fixed seeds validate, normalize, lower and compile with NVRTC (in one
 // batched translation unit, plus a few through the full templates); random
 // invalid mutations and corrupted wire bytes are rejected or handled, never
-// crash. KCACHE_ATTENTION_FUZZ_SEEDS=N runs N specs instead of 48.
+// crash. Score trees are also lowered with the backward (kc_expr_score_grad,
+// trainable float buffers) and compiled in the same unit.
+// KCACHE_ATTENTION_FUZZ_SEEDS=N runs N specs instead of 48.
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -209,6 +211,23 @@ TEST(AttentionFuzzTest, RandomValidTreesValidateLowerAndCompile) {
     if (norm.score_mod().has_expr()) {
       absl::StrAppend(&probe, "  acc += kc_case_", seed,
                       "::kc_expr_score(0.5f, b, h, q_idx, kv_idx, p);\n");
+      // The same tree with the backward: kc_expr_score_grad, and the
+      // gradient helpers of every float buffer the score reads (trainable).
+      v1::AttentionSpec bwd = spec;
+      bwd.set_backward(true);
+      const std::string score_text = spec.score_mod().DebugString();
+      for (v1::BufferDecl& d : *bwd.mutable_buffers()) {
+        d.set_trainable(d.type() == v1::ELEM_TYPE_FLOAT32 &&
+                        absl::StrContains(score_text, absl::StrCat("buffer: \"", d.name(), "\"")));
+      }
+      const absl::Status bwd_valid = ValidateAttentionSpec(bwd);
+      ASSERT_TRUE(bwd_valid.ok()) << "seed " << seed << ": " << bwd_valid;
+      absl::StatusOr<std::string> grad = LowerSpecExpressions(NormalizeAttentionSpec(bwd));
+      ASSERT_TRUE(grad.ok()) << "seed " << seed << ": " << grad.status();
+      EXPECT_TRUE(absl::StrContains(*grad, "kc_expr_score_grad(")) << "seed " << seed;
+      absl::StrAppend(&tu, "namespace kc_case_bwd_", seed, " {\n", *grad, "}\n");
+      absl::StrAppend(&probe, "  acc += kc_case_bwd_", seed,
+                      "::kc_expr_score_grad(0.5f, acc, b, h, q_idx, kv_idx, p, kv_idx > 3);\n");
     }
   }
   probe += "  out[threadIdx.x] = acc;\n}\n";
