@@ -17,6 +17,7 @@ namespace {
 
 constexpr absl::string_view kParamsHeader = "attention_params.h";
 constexpr absl::string_view kForwardHeader = "attention_fwd.cuh";
+constexpr absl::string_view kBackwardHeader = "attention_bwd.cuh";
 
 int MaskKind(const v1::MaskSpec& m) {
   switch (m.kind_case()) {
@@ -80,9 +81,8 @@ absl::StatusOr<AttentionTiles> ChooseAttentionTiles(const v1::AttentionSpec& spe
                                                     const AttentionArch& arch) {
   const int dqk = static_cast<int>(spec.head_dim_qk());
   const int dv = static_cast<int>(spec.head_dim_v() != 0 ? spec.head_dim_v() : spec.head_dim_qk());
-  AttentionTiles t =
-      SelectAttentionTiles(arch.sm, dqk, dv, MaskKind(spec.mask()),
-                           spec.dtype() == v1::DTYPE_FP16, arch.sm90a);
+  AttentionTiles t = SelectAttentionTiles(arch.sm, dqk, dv, MaskKind(spec.mask()),
+                                          spec.dtype() == v1::DTYPE_FP16, arch.sm90a);
   if (t.block_m == 0) {
     return absl::InvalidArgumentError(absl::StrCat("spec.head_dim_qk: head dims ", dqk, "/", dv,
                                                    " have no attention tiles on sm_", arch.sm));
@@ -99,7 +99,8 @@ absl::StatusOr<AttentionTiles> ChooseAttentionTiles(const v1::AttentionSpec& spe
     nw = t.num_warps;
     for (int rows : {t.block_m / t.num_warps, 32, 16}) {
       if (rows > 0 && bm % rows == 0 &&
-          AttentionTilesLegal(MakeAttentionTiles(bm, bn, bm / rows, st, dqk, dv), arch.sm, dqk, dv)) {
+          AttentionTilesLegal(MakeAttentionTiles(bm, bn, bm / rows, st, dqk, dv), arch.sm, dqk,
+                              dv)) {
         nw = bm / rows;
         break;
       }
@@ -116,6 +117,22 @@ absl::StatusOr<AttentionTiles> ChooseAttentionTiles(const v1::AttentionSpec& spe
   return over;
 }
 
+absl::StatusOr<AttentionBwdTiles> ChooseAttentionBwdTiles(const v1::AttentionSpec& spec,
+                                                          const AttentionArch& arch) {
+  const int dqk = static_cast<int>(spec.head_dim_qk());
+  const int dv = static_cast<int>(spec.head_dim_v() != 0 ? spec.head_dim_v() : spec.head_dim_qk());
+  const AttentionBwdTiles t = SelectAttentionBwdTiles(arch.sm, dqk, dv, MaskKind(spec.mask()),
+                                                      spec.dtype() == v1::DTYPE_FP16, arch.sm90a);
+  if (t.block_m == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("spec.head_dim_qk: the backward has no tiles for head dims ", dqk, "/", dv,
+                     " on sm_", arch.sm,
+                     " (it supports head dims 64 and 128, and 128 only where shared memory allows: "
+                     "not on sm_86 or sm_89)"));
+  }
+  return t;
+}
+
 absl::StatusOr<GeneratedSource> GenerateAttentionSource(const v1::AttentionSpec& input,
                                                         absl::string_view arch_name) {
   absl::StatusOr<AttentionArch> arch = ParseAttentionArch(arch_name);
@@ -124,19 +141,23 @@ absl::StatusOr<GeneratedSource> GenerateAttentionSource(const v1::AttentionSpec&
   // Idempotent and cheap: a caller that forgot to normalize still gets the
   // kernel its spec means (never, say, KC_HEAD_DIM_V 0).
   const v1::AttentionSpec spec = NormalizeAttentionSpec(input);
-  if (spec.backward()) {
-    return absl::UnimplementedError(
-        "spec.backward: backward kernels are not available yet (no backward templates or "
-        "entry points in docs/kernel-contract.md)");
+  const bool backward = spec.backward();
+  std::vector<std::string> headers = {std::string(kParamsHeader), std::string(kForwardHeader)};
+  if (backward) headers.emplace_back(kBackwardHeader);
+  absl::StatusOr<AttentionTiles> tiles = ChooseAttentionTiles(spec, *arch);
+  if (!tiles.ok()) return tiles.status();
+  AttentionBwdTiles bwd{};
+  if (backward) {
+    absl::StatusOr<AttentionBwdTiles> b = ChooseAttentionBwdTiles(spec, *arch);
+    if (!b.ok()) return b.status();
+    bwd = *b;
   }
-  for (absl::string_view h : {kParamsHeader, kForwardHeader}) {
+  for (const std::string& h : headers) {
     if (!TemplateEmbedded(h)) {
       return absl::FailedPreconditionError(
           absl::StrCat("kernel template ", h, " is not embedded in this binary"));
     }
   }
-  absl::StatusOr<AttentionTiles> tiles = ChooseAttentionTiles(spec, *arch);
-  if (!tiles.ok()) return tiles.status();
   absl::StatusOr<std::string> functions = LowerSpecExpressions(spec);
   if (!functions.ok()) return functions.status();
 
@@ -184,15 +205,22 @@ absl::StatusOr<GeneratedSource> GenerateAttentionSource(const v1::AttentionSpec&
   Define(&src, "KC_RETURN_LSE", spec.return_lse() ? 1 : 0);
   Define(&src, "KC_BACKWARD", spec.backward() ? 1 : 0);
   Define(&src, "KC_DETERMINISTIC", spec.deterministic() ? 1 : 0);
+  if (backward) {
+    Define(&src, "KC_BWD_BLOCK_M", bwd.block_m);
+    Define(&src, "KC_BWD_BLOCK_N", bwd.block_n);
+    Define(&src, "KC_BWD_NUM_WARPS", bwd.num_warps);
+  }
   absl::StrAppend(&src, "#include \"", kParamsHeader, "\"\n");
   src += *functions;
   absl::StrAppend(&src, "#include \"", kForwardHeader, "\"\n");
+  if (backward) absl::StrAppend(&src, "#include \"", kBackwardHeader, "\"\n");
 
   GeneratedSource out;
   out.program_name = "kcache_attention.cu";
   out.source = std::move(src);
-  out.headers = {std::string(kParamsHeader), std::string(kForwardHeader)};
+  out.headers = std::move(headers);
   out.tiles = *tiles;
+  out.bwd_tiles = bwd;
   out.arch = *arch;
 
   v1::EntryPoint fwd;
@@ -212,6 +240,38 @@ absl::StatusOr<GeneratedSource> GenerateAttentionSource(const v1::AttentionSpec&
     build.set_block_m(static_cast<uint32_t>(tiles->block_m));
     build.set_block_n(static_cast<uint32_t>(tiles->block_n));
     out.entry_points.push_back(build);
+  }
+  if (backward) {
+    // In launch order (docs/kernel-contract.md, "Backward").
+    const auto entry = [&](const char* name, v1::EntryRole role, int threads, int smem, int bm,
+                           int bn) {
+      v1::EntryPoint e;
+      e.set_name(name);
+      e.set_role(role);
+      e.set_threads(static_cast<uint32_t>(threads));
+      e.set_dynamic_smem_bytes(static_cast<uint32_t>(smem));
+      e.set_block_m(static_cast<uint32_t>(bm));
+      e.set_block_n(static_cast<uint32_t>(bn));
+      out.entry_points.push_back(e);
+    };
+    const int bwd_threads = bwd.num_warps * 32;
+    if (mask == KC_MASK_EXPR) {
+      entry("kcache_attn_bwd_mask_build", v1::ENTRY_ROLE_BACKWARD_MASK_BUILD, 128, 0, bwd.block_m,
+            bwd.block_n);
+    }
+    // The elementwise kernels cover kAttnBwdRowsPerCta query rows per CTA
+    // and have no key tiles (block_n 0).
+    entry("kcache_attn_bwd_preprocess", v1::ENTRY_ROLE_BACKWARD_PREPROCESS, kAttnBwdAuxThreads, 0,
+          kAttnBwdRowsPerCta, 0);
+    entry("kcache_attn_bwd_dkdv", v1::ENTRY_ROLE_BACKWARD, bwd_threads, bwd.smem_dkdv, bwd.block_m,
+          bwd.block_n);
+    if (spec.deterministic()) {
+      entry("kcache_attn_bwd_dq", v1::ENTRY_ROLE_BACKWARD_DQ, bwd_threads, bwd.smem_dq, bwd.block_m,
+            bwd.block_n);
+    } else {
+      entry("kcache_attn_bwd_dq_convert", v1::ENTRY_ROLE_BACKWARD_POSTPROCESS, kAttnBwdAuxThreads,
+            0, kAttnBwdRowsPerCta, 0);
+    }
   }
   return out;
 }

@@ -35,6 +35,13 @@ absl::StatusOr<AttentionArch> ParseAttentionArch(absl::string_view arch);
 absl::StatusOr<AttentionTiles> ChooseAttentionTiles(const v1::AttentionSpec& normalized,
                                                     const AttentionArch& arch);
 
+// The backward's tiles for a normalized spec with backward on `arch`
+// (SelectAttentionBwdTiles; the spec's Tuning applies to the forward only).
+// InvalidArgument ("spec.head_dim_qk: ...") when the backward has no tiles
+// there: head dims other than 64 and 128, or 128 on sm_86 / sm_89.
+absl::StatusOr<AttentionBwdTiles> ChooseAttentionBwdTiles(const v1::AttentionSpec& normalized,
+                                                          const AttentionArch& arch);
+
 struct GeneratedSource {
   std::string program_name;  // name for nvrtcCreateProgram ("kcache_attention.cu")
   std::string source;        // the translation unit
@@ -44,15 +51,21 @@ struct GeneratedSource {
   std::vector<std::string> headers;
   std::vector<v1::EntryPoint> entry_points;  // without resources (filled after compile)
   AttentionTiles tiles{};
+  AttentionBwdTiles bwd_tiles{};  // all zero without backward
   AttentionArch arch;
 };
 
 // `normalized` should come from NormalizeAttentionSpec of a spec that passed
 // ValidateAttentionSpec; as a backstop it is validated (InvalidArgument
-// otherwise) and normalized again here. Errors: InvalidArgument for an unsupported
-// arch or illegal tuning; Unimplemented for a backward pass (no backward
-// templates or entry points in the contract yet); FailedPrecondition when a
-// template the source needs is not embedded in this binary.
+// otherwise) and normalized again here. With spec.backward the source also
+// defines KC_BWD_BLOCK_M/N and KC_BWD_NUM_WARPS, includes attention_bwd.cuh
+// after attention_fwd.cuh, and the entry points are, after the forward's:
+// kcache_attn_bwd_mask_build (expression masks), kcache_attn_bwd_preprocess,
+// kcache_attn_bwd_dkdv, then kcache_attn_bwd_dq (deterministic) or
+// kcache_attn_bwd_dq_convert (default), in launch order. Errors:
+// InvalidArgument for an unsupported arch, illegal tuning or head dims
+// without (backward) tiles; FailedPrecondition when a template the source
+// needs is not embedded in this binary.
 absl::StatusOr<GeneratedSource> GenerateAttentionSource(const v1::AttentionSpec& normalized,
                                                         absl::string_view arch);
 

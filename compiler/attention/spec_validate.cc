@@ -488,6 +488,32 @@ absl::Status ValidateAttentionSpec(const v1::AttentionSpec& spec, const Limits& 
     }
   }
 
+  // Backward-only rules. Without backward, deterministic and trainable are
+  // ignored (normalization clears them), so they are not checked here.
+  if (spec.backward()) {
+    const auto bwd_dim_ok = [](uint32_t d) { return d == 64 || d == 128; };
+    if (!bwd_dim_ok(spec.head_dim_qk())) {
+      return Invalid("spec.head_dim_qk",
+                     absl::StrCat(spec.head_dim_qk(),
+                                  " has no backward (the backward supports head dims 64 and 128)"));
+    }
+    if (spec.head_dim_v() != 0 && !bwd_dim_ok(spec.head_dim_v())) {
+      return Invalid("spec.head_dim_v",
+                     absl::StrCat(spec.head_dim_v(),
+                                  " has no backward (the backward supports head dims 64 and 128)"));
+    }
+    if (spec.deterministic()) {
+      for (int i = 0; i < spec.buffers_size(); ++i) {
+        if (spec.buffers(i).trainable()) {
+          return Invalid("spec.deterministic",
+                         absl::StrCat("buffer '", spec.buffers(i).name(),
+                                      "' is trainable: deterministic backward has no atomics; "
+                                      "trainable buffer gradients need them"));
+        }
+      }
+    }
+  }
+
   const v1::Tuning& t = spec.tuning();
   if (absl::Status s = CheckTuningField(t.block_m(), "spec.tuning.block_m", 16, 256, true);
       !s.ok()) {

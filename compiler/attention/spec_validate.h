@@ -44,10 +44,17 @@ struct Limits {
 //    element type set; rank 1..4; every declared buffer is read by the mask
 //    or score expression (so that one kernel has one spec); trainable only
 //    for float32 buffers read by the score expression;
+//  - backward: head_dim_qk and head_dim_v in {64,128} (whether an
+//    architecture has the shared memory for 128 is code generation's
+//    check); no trainable buffer with deterministic (the deterministic
+//    backward has no atomics, and buffer gradients are added with them).
+//    Without backward, deterministic and trainable are accepted and
+//    ignored: normalization clears them, so such a spec has the key of the
+//    same spec without them;
 //  - tuning: each field 0 (compiler chooses) or in its coarse range
 //    (block_m, block_n in {16,32,64,128,256}; num_warps in {1,2,4,8,16};
 //    stages 1..8). Legality for an architecture is checked by code
-//    generation (ValidateTuningForArch in codegen.h).
+//    generation (ChooseAttentionTiles in codegen.h).
 absl::Status ValidateAttentionSpec(const v1::AttentionSpec& spec, const Limits& limits = Limits());
 
 }  // namespace kcache::attention

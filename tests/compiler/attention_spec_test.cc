@@ -244,6 +244,34 @@ std::vector<InvalidCase> InvalidCases() {
          SetMaskExpr(s, Bin(B::OP_GT, Read("bias", {Idx(v1::INDEX_VAR_H)}), Flt(0)));
        },
        "spec.buffers[0].trainable: buffer 'bias' is not read by the score expression"},
+      {"backward_d256",
+       [](auto* s) {
+         s->set_head_dim_qk(256);
+         s->set_backward(true);
+       },
+       "spec.head_dim_qk: 256 has no backward (the backward supports head dims 64 and 128)"},
+      {"backward_dv256",
+       [](auto* s) {
+         s->set_head_dim_v(256);
+         s->set_backward(true);
+       },
+       "spec.head_dim_v: 256 has no backward"},
+      {"trainable_deterministic",
+       [](auto* s) {
+         *s->add_buffers() = Buffer("bias", v1::ELEM_TYPE_FLOAT32, 1, true);
+         SetScoreExpr(s, Bin(B::OP_ADD, Score(), Read("bias", {Idx(v1::INDEX_VAR_H)})));
+         s->set_backward(true);
+         s->set_deterministic(true);
+       },
+       "spec.deterministic: buffer 'bias' is trainable: deterministic backward has no atomics; "
+       "trainable buffer gradients need them"},
+      {"trainable_bool_with_backward",
+       [](auto* s) {
+         *s->add_buffers() = Buffer("keep", v1::ELEM_TYPE_BOOL, 1, true);
+         SetMaskExpr(s, Read("keep", {Idx(v1::INDEX_VAR_H)}));
+         s->set_backward(true);
+       },
+       "spec.buffers[0].trainable: only FLOAT32 buffers can be trainable"},
       {"tuning_block_m", [](auto* s) { s->mutable_tuning()->set_block_m(96); },
        "spec.tuning.block_m: 96"},
       {"tuning_block_n", [](auto* s) { s->mutable_tuning()->set_block_n(512); },
@@ -433,6 +461,34 @@ TEST(CanonicalTest, BackwardOnlyFlagsIgnoredWithoutBackward) {
   EXPECT_EQ(Key(c), Key(d));
   d.set_deterministic(true);
   EXPECT_NE(Key(c), Key(d));
+}
+
+// Trainable without backward is accepted and ignored (spec_validate.h);
+// with backward it is part of the key, and so are backward and
+// deterministic; and a d256 spec may still ask for trainable / deterministic
+// without backward.
+TEST(CanonicalTest, TrainableIsPartOfTheKeyOnlyWithBackward) {
+  const auto with_bias = [](bool trainable, bool backward) {
+    v1::AttentionSpec s = BaseSpec();
+    *s.add_buffers() = Buffer("bias", v1::ELEM_TYPE_FLOAT32, 1, trainable);
+    SetScoreExpr(&s, Bin(B::OP_ADD, Score(), Read("bias", {Idx(v1::INDEX_VAR_H)})));
+    s.set_backward(backward);
+    return s;
+  };
+  EXPECT_EQ(Key(with_bias(true, false)), Key(with_bias(false, false)));
+  EXPECT_NE(Key(with_bias(true, true)), Key(with_bias(false, true)));
+  EXPECT_NE(Key(with_bias(false, true)), Key(with_bias(false, false)));
+  EXPECT_FALSE(NormalizeAttentionSpec(with_bias(true, false)).buffers(0).trainable());
+  EXPECT_TRUE(NormalizeAttentionSpec(with_bias(true, true)).buffers(0).trainable());
+
+  v1::AttentionSpec d256 = BaseSpec();
+  d256.set_head_dim_qk(256);
+  d256.set_deterministic(true);
+  EXPECT_TRUE(ValidateAttentionSpec(d256).ok());
+  v1::AttentionSpec det_trainable_fwd = with_bias(true, false);
+  det_trainable_fwd.set_deterministic(true);
+  EXPECT_TRUE(ValidateAttentionSpec(det_trainable_fwd).ok());
+  EXPECT_EQ(Key(det_trainable_fwd), Key(with_bias(false, false)));
 }
 
 TEST(CanonicalTest, BufferOrderDoesNotMatter) {
