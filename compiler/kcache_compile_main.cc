@@ -1,6 +1,8 @@
 // kcache-compile: compiles one attention spec (JSON, protobuf's mapping of
 // kcache.v1.AttentionSpec) into a cubin and its record, in process, with no
-// daemon and no GPU. For tests and for people who want to look at a kernel.
+// daemon and no GPU, and prints the entry points with their roles (a spec
+// with "backward": true has the backward's too). For tests and for people
+// who want to look at a kernel.
 //
 //   kcache-compile SPEC.json|- [--arch=sm_90a] [--out=FILE.cubin]
 //                  [--record=FILE.json] [--nvrtc=PATH] [--source=FILE.cu]
@@ -11,8 +13,10 @@
 #include <iostream>
 #include <sstream>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "cache/key.h"
 #include "compiler/attention/codegen.h"
 #include "compiler/attention/spec_json.h"
@@ -37,6 +41,14 @@ constexpr char kUsage[] =
 int Usage(const std::string& why) {
   std::cerr << "kcache-compile: " << why << " (see --help)\n";
   return 2;
+}
+
+// "forward", "backward_dq", ...: the EntryRole without its prefix.
+std::string RoleName(kcache::v1::EntryRole role) {
+  std::string name = kcache::v1::EntryRole_Name(role);
+  constexpr absl::string_view kPrefix = "ENTRY_ROLE_";
+  if (absl::StartsWith(name, kPrefix)) name = name.substr(kPrefix.size());
+  return absl::AsciiStrToLower(name);
 }
 
 bool WriteFile(const std::string& path, std::string_view data) {
@@ -131,10 +143,14 @@ int main(int argc, char** argv) {
             << " (" << rec.toolchain().id() << ")\n"
             << "cubin      " << build->cubin.size() << " bytes, compiled in "
             << rec.compile_time_us() / 1000 << " ms\n";
+  if (rec.spec().backward()) {
+    std::cout << "backward   " << (rec.deterministic_backward() ? "deterministic" : "atomic dQ")
+              << "\n";
+  }
   for (const auto& e : rec.entry_points()) {
-    std::cout << "entry      " << e.name() << ": " << e.threads() << " threads, "
-              << e.dynamic_smem_bytes() << " B dynamic smem, tile " << e.block_m() << "x"
-              << e.block_n() << ", " << e.resources().registers() << " registers, "
+    std::cout << "entry      " << e.name() << " (" << RoleName(e.role()) << "): " << e.threads()
+              << " threads, " << e.dynamic_smem_bytes() << " B dynamic smem, tile " << e.block_m()
+              << "x" << e.block_n() << ", " << e.resources().registers() << " registers, "
               << e.resources().spill_bytes() << " B spilled\n";
   }
   return 0;

@@ -21,6 +21,31 @@ check "record names the entry point" 'grep -q kcache_attn_fwd "$dir/k.json"'
 check "record has the arch" 'grep -q "\"arch\": \"sm_80\"" "$dir/k.json"'
 check "summary describes the spec" 'grep -q "fp16 d64 h8/2" "$dir/out"'
 
+# A backward spec with a trainable buffer: the record carries the backward's
+# entry points with their roles, and deterministic_backward stays false.
+cat > "$dir/bwd.json" <<'JSON'
+{"dtype": "DTYPE_BF16", "head_dim_qk": 64, "num_q_heads": 4, "num_kv_heads": 2,
+ "mask": {"causal": {}}, "backward": true,
+ "buffers": [{"name": "bias", "type": "ELEM_TYPE_FLOAT32", "rank": 1, "trainable": true}],
+ "score_mod": {"expr": {"value": {"binary": {"op": "OP_ADD", "lhs": {"score": true},
+   "rhs": {"read": {"buffer": "bias", "index": [{"index": "INDEX_VAR_H"}]}}}}}}}
+JSON
+"$bin" "$dir/bwd.json" --arch=sm_80 --record="$dir/bwd_rec.json" --source="$dir/bwd.cu" \
+  >"$dir/bwd_out" 2>&1
+rc=$?
+check "backward spec compiles (exit 0)" '[ $rc -eq 0 ]'
+check "backward entry points printed with roles" \
+  'grep -q "kcache_attn_bwd_dkdv (backward)" "$dir/bwd_out" && grep -q "kcache_attn_bwd_dq_convert (backward_postprocess)" "$dir/bwd_out"'
+check "record has the backward entry points" \
+  'grep -q ENTRY_ROLE_BACKWARD_PREPROCESS "$dir/bwd_rec.json" && ! grep -q "\"kcache_attn_bwd_dq\"" "$dir/bwd_rec.json"'
+check "source has kc_expr_score_grad and the backward template" \
+  'grep -q kc_expr_score_grad "$dir/bwd.cu" && grep -q "attention_bwd.cuh" "$dir/bwd.cu"'
+sed -e 's/"backward": true,/"backward": true, "deterministic": true,/' "$dir/bwd.json" \
+  | "$bin" - --arch=sm_80 >"$dir/det" 2>&1
+rc=$?
+check "deterministic with a trainable buffer exits 1 naming the reason" \
+  '[ $rc -eq 1 ] && grep -q "deterministic backward has no atomics" "$dir/det"'
+
 echo '{"dtype": "DTYPE_BF16", "head_dim_qk": 128, "num_q_heads": 32, "num_kv_heads": 5}' \
   | "$bin" - >"$dir/bad" 2>&1
 rc=$?
