@@ -9,7 +9,17 @@ TFLOP/s count only visible (q, kv) pairs, counted exactly from the mask:
 4 * pairs * D per head. Times: median of CUDA-event timings after warm-up.
 Every input set is larger than the 60 MB L2, so no rotation is needed.
 
-  python3 bench/attention/bench_attention.py [--no-flex] [--json FILE]
+With --backward: forward + backward through autograd for the peers (flex's
+block mask still built once, outside the timed region) and kcache's forward
+plus every launch of its backward sequence (preprocess, dK/dV, dQ or the dQ
+conversion; the drafter's anchors are read in-kernel, nothing to build);
+TFLOP/s with 3.5x the forward's FLOP; our O/dQ/dK/dV checked against flex's
+(else SDPA FA2's) output and gradients. Variants: plain sm_90 and sm_90a
+defaults, and sm_90a with the deterministic dQ.
+
+  python3 bench/attention/bench_attention.py [--no-flex] [--json FILE] [--only CASES]
+  python3 bench/attention/bench_attention.py --backward [--json FILE]
+  python3 bench/attention/bench_attention.py --precompile [--backward]   # CPU: NVRTC only
 """
 
 import argparse
@@ -65,6 +75,19 @@ class KcacheRunner:
         return lambda: self.kern.launch(self.p)
 
 
+def bwd_variants(d):
+    """(tag, forward tiles, sm90a, deterministic) timed by --backward: the defaults of plain
+    sm_90 (portable mma.sync forward) and sm_90a, and sm_90a with the deterministic dQ."""
+    return [("sm90", K.select_tiles(90, d, d), False, False),
+            ("sm90a", K.select_tiles(90, d, d, True), True, False),
+            ("sm90a_det", K.select_tiles(90, d, d, True), True, True)]
+
+
+def bwd_spec(d, mask, tiles, sm90a, det, drafter_block=16):
+    return K.make_spec("bf16", d, d, mask=mask, tiles=tiles, sm90a=sm90a,
+                       drafter_block=drafter_block, backward=True, deterministic=det)
+
+
 def tile_variants(d):
     """(tag, tiles, sm90a, extra defines) to time. "sm90" and "sm90a" are the
     defaults SelectAttentionTiles gives for plain sm_90 (portable mma.sync
@@ -81,6 +104,44 @@ def tile_variants(d):
     return out
 
 
+def flex_block_mask(mask, B, Lq, Lkv, drafter, res):
+    """flex_attention's block mask for a case, built once (outside any timed region); for
+    the drafter also the time a compiled create_block_mask takes per step (anchors change
+    every step) into res["flex_block_mask_ms"]."""
+    from torch.nn.attention.flex_attention import create_block_mask
+    if mask == "causal":
+        def mm(b, h, qi, ki):
+            return qi >= ki
+        return create_block_mask(mm, None, None, Lq, Lkv, device="cuda")
+    if mask == "none":
+        return None
+    S, N, Bk, anc = drafter
+    anc_d = anc
+
+    def mm(b, h, qi, ki):  # noqa: F811
+        j = qi // Bk
+        a = anc_d[b, j]
+        ctx = (ki < S) & (ki < a)
+        own = (ki >= S + j * Bk) & (ki < S + (j + 1) * Bk)
+        return ctx | own
+    bm = create_block_mask(mm, B, None, Lq, Lkv, device="cuda", _compile=True)
+    res["flex_block_mask_ms"] = time_ms(
+        lambda: create_block_mask(mm, B, None, Lq, Lkv, device="cuda", _compile=True),
+        warmup=2, rep=10)
+    return bm
+
+
+def case_pairs(mask, B, Lq, Lkv, drafter):
+    """Visible (q, kv) pairs per (batch, head), on average over the batch."""
+    if mask == "causal":
+        return Lq * (Lq + 1) // 2
+    if mask == "none":
+        return Lq * Lkv
+    S, N, Bk, anc = drafter
+    a = anc[:, :N].clamp(max=S).long()
+    return int((Bk * (a + Bk)).sum().item()) / B
+
+
 def run_case(name, B, Hq, Hkv, Lq, Lkv, D, mask, args, rows, drafter=None):
     dt = torch.bfloat16
     torch.manual_seed(0)
@@ -92,14 +153,7 @@ def run_case(name, B, Hq, Hkv, Lq, Lkv, D, mask, args, rows, drafter=None):
     res = {"case": name}
 
     # Pairs and the reference output.
-    if mask == "causal":
-        pairs = Lq * (Lq + 1) // 2
-    elif mask == "none":
-        pairs = Lq * Lkv
-    else:
-        S, N, Bk, anc = drafter
-        a = anc[:, :N].clamp(max=S).long()
-        pairs = int((Bk * (a + Bk)).sum().item()) / B  # per batch on average
+    pairs = case_pairs(mask, B, Lq, Lkv, drafter)
     flops = 4.0 * pairs * D * Hq * B
     res["density"] = pairs / (Lq * Lkv)
     res["flop"] = flops
@@ -122,28 +176,9 @@ def run_case(name, B, Hq, Hkv, Lq, Lkv, D, mask, args, rows, drafter=None):
 
     if not args.no_flex:
         try:
-            from torch.nn.attention.flex_attention import flex_attention, create_block_mask
+            from torch.nn.attention.flex_attention import flex_attention
             flex = torch.compile(flex_attention, dynamic=False)
-            if mask == "causal":
-                def mm(b, h, qi, ki):
-                    return qi >= ki
-                bm = create_block_mask(mm, None, None, Lq, Lkv, device="cuda")
-            elif mask == "none":
-                bm = None
-            else:
-                S, N, Bk, anc = drafter
-                anc_d = anc
-
-                def mm(b, h, qi, ki):
-                    j = qi // Bk
-                    a = anc_d[b, j]
-                    ctx = (ki < S) & (ki < a)
-                    own = (ki >= S + j * Bk) & (ki < S + (j + 1) * Bk)
-                    return ctx | own
-                bm = create_block_mask(mm, B, None, Lq, Lkv, device="cuda", _compile=True)
-                res["flex_block_mask_ms"] = time_ms(
-                    lambda: create_block_mask(mm, B, None, Lq, Lkv, device="cuda", _compile=True),
-                    warmup=2, rep=10)
+            bm = flex_block_mask(mask, B, Lq, Lkv, drafter, res)
             gqa = Hq != Hkv
             fo = flex(q, k, v, block_mask=bm, enable_gqa=gqa)
             res["flex"] = time_ms(lambda: flex(q, k, v, block_mask=bm, enable_gqa=gqa))
@@ -195,13 +230,177 @@ def run_case(name, B, Hq, Hkv, Lq, Lkv, D, mask, args, rows, drafter=None):
     torch.cuda.empty_cache()
 
 
+def fwd_bwd(fn, q, k, v, dout):
+    """A closure running fn(q, k, v) and autograd back to (dq, dk, dv) for dout."""
+    qg, kg, vg = (t.detach().requires_grad_() for t in (q, k, v))
+
+    def run():
+        out = fn(qg, kg, vg)
+        return (out,) + torch.autograd.grad(out, (qg, kg, vg), dout)
+    return run
+
+
+def run_case_bwd(name, B, Hq, Hkv, Lq, Lkv, D, mask, args, rows, drafter=None):
+    """Forward + backward: kcache (forward, then every launch of the backward sequence)
+    beside flex_attention and SDPA FA2 / cuDNN through autograd. Our dQ/dK/dV are checked
+    against flex's (else FA2's) gradients."""
+    from torch.nn.attention import sdpa_kernel, SDPBackend
+    dt = torch.bfloat16
+    torch.manual_seed(0)
+    q = torch.randn(B, Hq, Lq, D, device="cuda", dtype=dt)
+    k = torch.randn(B, Hkv, Lkv, D, device="cuda", dtype=dt)
+    v = torch.randn(B, Hkv, Lkv, D, device="cuda", dtype=dt)
+    dout = torch.randn(B, Hq, Lq, D, device="cuda", dtype=dt)
+    res = {"case": name, "mode": "fwd+bwd"}
+    pairs = case_pairs(mask, B, Lq, Lkv, drafter)
+    flops = 3.5 * 4.0 * pairs * D * Hq * B
+    res["density"] = pairs / (Lq * Lkv)
+    res["flop"] = flops
+    ref, ref_name = None, None  # (O, dQ, dK, dV)
+
+    if mask in ("causal", "none") and Hq == Hkv:
+        for label, be in (("sdpa_fa2", SDPBackend.FLASH_ATTENTION),
+                          ("sdpa_cudnn", SDPBackend.CUDNN_ATTENTION)):
+            try:
+                with sdpa_kernel(be):
+                    f = fwd_bwd(lambda a, b_, c_: torch.nn.functional.scaled_dot_product_attention(
+                        a, b_, c_, is_causal=mask == "causal"), q, k, v, dout)
+                    out = f()
+                    res[label] = time_ms(f)
+                if label == "sdpa_fa2":
+                    ref, ref_name = out, "sdpa_fa2"
+                del out
+            except Exception as e:  # a backend may refuse a shape
+                res[label + "_error"] = str(e)[:200]
+
+    if not args.no_flex:
+        try:
+            from torch.nn.attention.flex_attention import flex_attention
+            flex = torch.compile(flex_attention, dynamic=False)
+            bm = flex_block_mask(mask, B, Lq, Lkv, drafter, res)
+            gqa = Hq != Hkv
+            f = fwd_bwd(lambda a, b_, c_: flex(a, b_, c_, block_mask=bm, enable_gqa=gqa),
+                        q, k, v, dout)
+            out = f()
+            res["flex"] = time_ms(f)
+            if ref is not None:
+                res["flex_vs_fa2"] = [rel_err(x, y) for x, y in zip(out, ref)]
+            ref, ref_name = out, "flex"
+            del out
+        except Exception as e:  # report and go on: kcache and SDPA still run
+            res["flex_error"] = str(e)[:300]
+            print("flex failed:", res["flex_error"], flush=True)
+    res["reference"] = ref_name
+
+    o = torch.empty(B, Hq, Lq, D, device="cuda", dtype=dt)
+    lse = torch.empty(B, Hq, Lq, device="cuda", dtype=torch.float32)
+    dq = torch.empty_like(q)
+    dk = torch.empty_like(k)
+    dv = torch.empty_like(v)
+    kc = {}
+    for tag, tiles, sm90a, det in bwd_variants(D):
+        spec = bwd_spec(D, mask, tiles, sm90a, det, drafter[2] if drafter else 16)
+        try:
+            cubin, log = K.compile_spec(spec)
+            kern = K.Kernel(spec, cubin)
+            p = K.make_params(q, k, v, o, lse)
+            if drafter is not None:
+                S, N, Bk, anc = drafter
+                p.drafter_anchor = anc.data_ptr()
+                p.drafter_stride_b = anc.stride(0)
+                p.drafter_context_len, p.drafter_num_blocks = S, N
+            bl = kern.prepare_backward(p, dout, dq, dk, dv)
+
+            def fn(kern=kern, p=p, bl=bl):
+                kern.launch(p)
+                bl.run()
+            for t in (o, dq, dk, dv):
+                t.fill_(float("nan"))
+            fn()
+            torch.cuda.synchronize()
+            errs = ([rel_err(x, y) for x, y in zip((o, dq, dk, dv), ref)] if ref is not None
+                    else [float("nan")] * 4)
+            t = time_ms(fn)
+            t_bwd = time_ms(bl.run)
+            kc[tag] = dict(ms=t, tflops=flops / t / 1e9, bwd_ms=t_bwd, err_o=errs[0],
+                           err_dq=errs[1], err_dk=errs[2], err_dv=errs[3],
+                           tiles="%d_%d_%d_%d" % tiles, bwd_tiles="%d_%d_%d" % spec["bwd_tiles"],
+                           ptxas={e: K.ptxas_summary(log, e) for e in (
+                               "kcache_attn_fwd", "kcache_attn_bwd_dkdv",
+                               "kcache_attn_bwd_dq" if det else "kcache_attn_bwd_dq_convert")})
+            del bl, p, kern
+        except Exception as e:
+            kc[tag] = dict(error=str(e)[:300])
+    res["kcache"] = kc
+    rows.append(res)
+    print(json.dumps(res), flush=True)
+    del q, k, v, o, lse, dout, dq, dk, dv, ref
+    torch.cuda.empty_cache()
+
+
+def print_bwd_table(rows):
+    """kcache fwd+bwd (sm_90a, sm_90, sm_90a deterministic) beside the peers; ratio = peer
+    time / kcache time (> 1: kcache faster); correctness against the reference's grads."""
+    def fmt(r, ms):
+        return "%.3f ms %4.0f TF" % (ms, r["flop"] / ms / 1e9) if ms else "-"
+
+    def ok(x):
+        return ("ms" in x and all(x[e] == x[e] and x[e] < 2e-2
+                                  for e in ("err_o", "err_dq", "err_dk", "err_dv")))
+    print("\nforward + backward (TF/s = 3.5 x forward FLOP over visible pairs)")
+    print("%-15s %6s | %-17s | %-17s | %-17s | %-17s | %-17s | %-17s | %s" %
+          ("case", "dens", "kcache sm_90a", "kcache sm_90", "kcache sm_90a det", "flex",
+           "sdpa fa2", "sdpa cudnn", "sm_90a vs flex/fa2/cudnn"))
+    for r in rows:
+        kc = r["kcache"]
+        a, p, d = kc.get("sm90a", {}), kc.get("sm90", {}), kc.get("sm90a_det", {})
+        ratios = ["%.2fx" % (r[peer] / a["ms"]) if ok(a) and r.get(peer) else "-"
+                  for peer in ("flex", "sdpa_fa2", "sdpa_cudnn")]
+        print("%-15s %5.1f%% | %-17s | %-17s | %-17s | %-17s | %-17s | %-17s | %s" % (
+            r["case"], 100 * r["density"], fmt(r, a["ms"]) if ok(a) else "FAIL",
+            fmt(r, p["ms"]) if ok(p) else "FAIL", fmt(r, d["ms"]) if ok(d) else "FAIL",
+            fmt(r, r.get("flex")), fmt(r, r.get("sdpa_fa2")), fmt(r, r.get("sdpa_cudnn")),
+            "/".join(ratios)))
+        for tag in ("sm90a", "sm90", "sm90a_det"):
+            x = kc.get(tag, {})
+            if "ms" in x:
+                print("%-15s   %-9s bwd alone %.3f ms; rel L2 vs %s: O %.2e dQ %.2e dK %.2e "
+                      "dV %.2e" % ("", tag, x["bwd_ms"], r.get("reference"), x["err_o"],
+                                   x["err_dq"], x["err_dk"], x["err_dv"]))
+            elif x:
+                print("%-15s   %-9s ERROR %s" % ("", tag, x.get("error")))
+        if "flex_block_mask_ms" in r:
+            print("%-15s flex create_block_mask (compiled) per step: %.3f ms; kcache needs none "
+                  "(anchors read in-kernel)" % ("", r["flex_block_mask_ms"]))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--no-flex", action="store_true")
     ap.add_argument("--json", default=None)
     ap.add_argument("--only", default=None)
     ap.add_argument("--precompile", action="store_true", help="NVRTC only (no GPU, no torch)")
+    ap.add_argument("--backward", action="store_true",
+                    help="forward + backward (kcache's backward sequence, flex and SDPA "
+                    "through autograd) instead of the forward")
+    ap.add_argument("--jobs", type=int, default=None, help="parallel NVRTC processes")
     args = ap.parse_args()
+    if args.backward:
+        # Compile every backward variant first, in parallel (before torch touches the GPU).
+        specs = [bwd_spec(d, mask, tiles, sm90a, det)
+                 for mask, d in (("causal", 128), ("none", 128), ("causal", 64), ("drafter", 128))
+                 for _, tiles, sm90a, det in bwd_variants(d)]
+        for sp, (cl, err) in zip(specs, K.compile_many(specs, args.jobs)):
+            desc = "%s d%d sm90a=%s det=%s" % (sp["mask"], sp["dqk"], sp["sm90a"],
+                                                sp["deterministic"])
+            if err:
+                print("COMPILE FAIL", desc, err[-2000:])
+            elif args.precompile:
+                print(desc, "; ".join("%s %s" % (e, K.ptxas_summary(cl[1], e)) for e in (
+                    "kcache_attn_fwd", "kcache_attn_bwd_dkdv", "kcache_attn_bwd_dq",
+                    "kcache_attn_bwd_dq_convert") if "'%s'" % e in cl[1]))
+        if args.precompile:
+            return
     if args.precompile:
         for mask, d in (("causal", 128), ("none", 128), ("causal", 64), ("drafter", 128)):
             for _, tiles, sm90a, extra in tile_variants(d):
@@ -217,24 +416,28 @@ def main():
     cases = ["causal_d128", "none_d128", "causal_d64", "drafter_sorted", "drafter_random"]
     if args.only:
         cases = args.only.split(",")
+    run = run_case_bwd if args.backward else run_case
     for c in cases:
         if c == "causal_d128":
-            run_case(c, 4, 32, 32, 4096, 4096, 128, "causal", args, rows)
+            run(c, 4, 32, 32, 4096, 4096, 128, "causal", args, rows)
         elif c == "none_d128":
-            run_case(c, 4, 32, 32, 4096, 4096, 128, "none", args, rows)
+            run(c, 4, 32, 32, 4096, 4096, 128, "none", args, rows)
         elif c == "causal_d64":
-            run_case(c, 8, 32, 32, 2048, 2048, 64, "causal", args, rows)
+            run(c, 8, 32, 32, 2048, 2048, 64, "causal", args, rows)
         elif c.startswith("drafter"):
             S, N, Bk, B = 3072, 512, 16, 2
             g = torch.Generator(device="cuda").manual_seed(1234)
             anc = torch.randint(1, S + 1, (B, N), device="cuda", dtype=torch.int32, generator=g)
             if c == "drafter_sorted":
                 anc = torch.sort(anc, dim=1).values
-            run_case(c, B, 32, 8, N * Bk, S + N * Bk, 128, "drafter", args, rows,
-                     drafter=(S, N, Bk, anc.contiguous()))
+            run(c, B, 32, 8, N * Bk, S + N * Bk, 128, "drafter", args, rows,
+                drafter=(S, N, Bk, anc.contiguous()))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
+    if args.backward:
+        print_bwd_table(rows)
+        return
     # Short table last: the two defaults (sm_90a wgmma, plain sm_90 mma.sync)
     # beside the peers; ratio = peer time / kcache time (> 1: kcache faster).
     def fmt(r, ms):
