@@ -12,6 +12,8 @@ random torch tensors, then checks:
   - a second call makes no RPC (the client's memo), and a fresh Client gets
     a cache hit from the daemon;
 and finally stops the daemon with SIGTERM and expects exit status 0.
+The backward case runs kcache.attention (autograd) and checks O, dQ, dK, dV against
+float32 torch autograd, and that the record carries the backward entry points.
 Prints one line per case and "N passed, M failed" last; exits 1 on any failure.
 
   python3 tests/python/gpu_e2e.py --kcached PATH/kcached --pythonpath-gen DIR
@@ -119,6 +121,9 @@ def cases(kcache):
              layout="bshd"),
         dict(name="alibi_fp16_d64", dtype="fp16", D=64, Hq=8, Hkv=8, B=1, Lq=256, Lkv=384,
              lse=False, mask=None, score=kcache.alibi(), ref="none", alibi=True),
+        # kcache.attention with autograd: the backward spec's cubin, gradients checked.
+        dict(name="backward_causal_bf16_d128_gqa16_4", dtype="bf16", D=128, Hq=16, Hkv=4, B=2,
+             Lq=777, Lkv=777, lse=True, mask=kcache.causal(), ref="causal", backward=True),
     ]
     for c in out:
         if c["ref"] == "drafter":
@@ -126,7 +131,7 @@ def cases(kcache):
             c["Lkv"] = c["S"] + c["Lq"]
         c["spec"] = kcache.spec(dtype=c["dtype"], head_dim=c["D"], q_heads=c["Hq"],
                                 kv_heads=c["Hkv"], mask=c["mask"], score_mod=c.get("score"),
-                                return_lse=c["lse"])
+                                return_lse=c["lse"], backward=c.get("backward", False))
     return out
 
 
@@ -404,6 +409,70 @@ def check_case(torch, kcache, client, target, c, args, dev, gpu_name):
     return msgs, summary
 
 
+def rel_l2(torch, got, ref):
+    return (torch.nan_to_num(got.float() - ref, nan=1e30).norm() /
+            ref.norm().clamp_min(1e-30)).item()
+
+
+def check_backward_case(torch, kcache, client, target, c, args, dev, gpu_name):
+    """kcache.attention forward + backward through autograd against float32 torch autograd
+    (explicit mask, GQA expanded); the record must carry the backward entry points."""
+    msgs = []
+    q, k, v, kw = make_inputs(torch, c, dev)
+    q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+    dout = torch.randn(c["B"], c["Hq"], c["Lq"], c["D"], device=dev).to(q.dtype)
+    t0 = time.monotonic()
+    try:
+        o = kcache.attention(q, k, v, c["spec"], client=client, timeout=args.timeout, **kw)
+        o.backward(dout)
+        torch.cuda.synchronize()
+    except kcache.KcacheError as e:
+        if e.code == "UNIMPLEMENTED":
+            return ["the daemon answered UNIMPLEMENTED for a backward spec (codegen has no "
+                    "backward yet?): %s" % e], ""
+        raise
+    first_s = time.monotonic() - t0
+
+    vis = ref_mask(torch, c, kw, dev)
+    rep = c["Hq"] // c["Hkv"]
+    qf, kf, vf = (t.detach().float().requires_grad_() for t in (q, k, v))
+    scale = float(torch.tensor(1.0 / math.sqrt(c["D"]), dtype=torch.float32))
+    s = (qf @ kf.repeat_interleave(rep, 1).transpose(-1, -2)) * scale
+    s = s.masked_fill(~vis, float("-inf"))
+    o_ref = torch.softmax(s, dim=-1) @ vf.repeat_interleave(rep, 1)  # causal: no empty row
+    o_ref.backward(dout.float())
+    tol = 1e-2 if c["dtype"] == "bf16" else 3e-3
+    errs = {}
+    for name, got, ref in (("O", o.detach(), o_ref.detach()), ("dQ", q.grad, qf.grad),
+                           ("dK", k.grad, kf.grad), ("dV", v.grad, vf.grad)):
+        if got is None:
+            msgs.append("%s: no gradient" % name)
+            continue
+        if torch.isnan(got).any():
+            msgs.append("NaN in %s" % name)
+        errs[name] = rel_l2(torch, got, ref)
+        if not errs[name] <= tol:
+            msgs.append("%s rel L2 %.3e > %.0e" % (name, errs[name], tol))
+
+    from kcache.attention import resolve_spec
+    from kcache.autograd import backward_spec
+    arch = kcache.arch_for_capability(*torch.cuda.get_device_capability(dev))
+    rec = client.get_kernel(backward_spec(resolve_spec(c["spec"], q, k, v, True)), arch=arch,
+                            timeout=args.timeout).record
+    roles = sorted(e.role for e in rec.entry_points)
+    if rec.deterministic_backward or roles != [1, 2, 3, 4]:
+        msgs.append("record: deterministic_backward=%s, entry roles %s (expected "
+                    "FORWARD, BACKWARD, PREPROCESS, POSTPROCESS)" % (rec.deterministic_backward,
+                                                                     roles))
+    if not rec.verified:
+        msgs.append("record.verified is False")
+    summary = "%s first=%.2fs key=%s entries=%s" % (
+        " ".join("%s=%.2e" % kv for kv in errs.items()), first_s, rec.key[9:].hex()[:12],
+        ",".join("%s(%d thr, %d B)" % (e.name, e.threads, e.dynamic_smem_bytes)
+                 for e in rec.entry_points))
+    return msgs, summary
+
+
 def gpu_run(kcache, args, selected):
     try:
         import torch
@@ -434,8 +503,9 @@ def gpu_run(kcache, args, selected):
         client = kcache.Client(daemon.target)
         for c in selected:
             try:
-                msgs, summary = check_case(torch, kcache, client, daemon.target, c, args, dev,
-                                           gpu_name)
+                check = check_backward_case if c.get("backward") else check_case
+                msgs, summary = check(torch, kcache, client, daemon.target, c, args, dev,
+                                      gpu_name)
             except Exception as e:  # noqa: BLE001 (a failing case must not stop the others)
                 msgs, summary = ["exception: %s: %s" % (type(e).__name__, e)], ""
                 traceback.print_exc()

@@ -3,7 +3,9 @@
 The package never compiles. `Client.get_kernel` asks kcached (gRPC over its
 Unix socket) for a kernel by spec and returns the record and cubin;
 `attention_forward` loads that cubin with the CUDA driver (ctypes, once per
-kernel and CUDA context) and launches it on torch's current stream.
+kernel and CUDA context) and launches it on torch's current stream;
+`attention` is the same with autograd (the backward spec's cubin, its
+backward entry points launched in backward()).
 
 Imports neither torch nor the CUDA driver until they are needed. The wire
 contract's Python modules (kcache/v1/*_pb2.py, generated into the build tree
@@ -23,6 +25,7 @@ from kcache.specs import (  # noqa: E402
 from kcache.client import Client, KernelResult, default_client, arch_for_capability  # noqa: E402
 from kcache.params import ABI_VERSION, AttentionParams, KcBuffer  # noqa: E402
 from kcache.attention import attention_forward, validate_inputs  # noqa: E402
+from kcache.autograd import attention, attention_backward  # noqa: E402
 
 
 
@@ -38,7 +41,7 @@ def __getattr__(name):
 __all__ = [
     "ABI_VERSION", "AttentionParams", "Client", "CompileError", "DeadlineExceeded", "Expr",
     "InvalidSpec", "KcBuffer", "KcacheError", "KernelResult", "Unavailable", "alibi",
-    "arch_for_capability", "attention_forward", "b", "buffer", "causal", "default_client",
+    "arch_for_capability", "attention", "attention_backward", "attention_forward", "b", "buffer", "causal", "default_client",
     "document", "drafter", "expr_mask", "h", "kv_idx", "maximum", "minimum", "no_mask", "q_idx",
     "score", "score_expr", "sliding_window", "softcap", "spec", "to_spec", "validate_inputs",
     "where",

@@ -242,15 +242,7 @@ def attention_forward(q, k, v, spec=None, *, lse=False, layout="bhsd", out=None,
         if out is not None and out.dim() == 4:
             out = out.permute(0, 2, 1, 3)
     s = resolve_spec(spec, q, k, v, lse)
-    if keep is not None and keep.dtype == torch.bool:
-        try:
-            keep = keep.view(torch.int8)  # same bytes (0/1), no copy
-        except RuntimeError:
-            keep = keep.to(torch.int8)
-    if (keep is not None and anchors is not None and anchors.dim() == 2 and keep.dim() == 2
-            and anchors.shape[0] > 1 and keep.stride(0) != anchors.stride(0)):
-        n = min(anchors.shape[1], keep.shape[1])  # one batch stride for both: repack
-        anchors, keep = anchors[:, :n].contiguous(), keep[:, :n].contiguous()
+    anchors, keep = normalize_drafter_inputs(torch, anchors, keep)
     plan = validate_inputs(s, q, k, v, out=out, q_seq_id=q_seq_id, kv_seq_id=kv_seq_id,
                            anchors=anchors, keep=keep, alibi_slopes=alibi_slopes,
                            buffers=buffers)
@@ -310,6 +302,21 @@ def attention_forward(q, k, v, spec=None, *, lse=False, layout="bhsd", out=None,
     # them only for work ordered after these launches.
     del hold
     return result()
+
+
+def normalize_drafter_inputs(torch, anchors, keep):
+    """keep as int8 (a bool tensor is viewed, same bytes), and anchors and keep repacked
+    when their batch strides differ (the kernel takes one stride for both). Idempotent."""
+    if keep is not None and keep.dtype == torch.bool:
+        try:
+            keep = keep.view(torch.int8)  # same bytes (0/1), no copy
+        except RuntimeError:
+            keep = keep.to(torch.int8)
+    if (keep is not None and anchors is not None and anchors.dim() == 2 and keep.dim() == 2
+            and anchors.shape[0] > 1 and keep.stride(0) != anchors.stride(0)):
+        n = min(anchors.shape[1], keep.shape[1])  # one batch stride for both: repack
+        anchors, keep = anchors[:, :n].contiguous(), keep[:, :n].contiguous()
+    return anchors, keep
 
 
 def _fill_qkvo(p, q, k, v, o, lse):

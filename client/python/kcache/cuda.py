@@ -14,8 +14,14 @@ from kcache.params import AttentionParams, check_record_abi
 CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
 CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75
 CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 76
+# kcache.v1.EntryRole values (proto/kcache/v1/record.proto).
 ENTRY_ROLE_FORWARD = 1
+ENTRY_ROLE_BACKWARD = 2               # dK, dV (and dQ into the fp32 accumulator)
+ENTRY_ROLE_BACKWARD_PREPROCESS = 3    # delta = rowsum(dO * O); zeroes dq_accum
+ENTRY_ROLE_BACKWARD_POSTPROCESS = 4   # dq_accum -> dQ in the dtype
 ENTRY_ROLE_MASK_BUILD = 5
+ENTRY_ROLE_BACKWARD_DQ = 6            # dQ without atomics (deterministic)
+ENTRY_ROLE_BACKWARD_MASK_BUILD = 7    # tile classes with the backward's tiles
 
 _lib = None
 _lib_lock = threading.Lock()
