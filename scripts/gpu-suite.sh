@@ -6,6 +6,10 @@
 #   .devcarry/pygen/kcache/v1/*.py             (ninja kcache_python_proto)
 #   .devcarry/cubins/                          (optional: kernel harness cache)
 # Prints one line per suite at the end; exit status 1 if any failed.
+# Environment: SEED, CASES (forward kernel cases, 300), CASES_BWD (backward kernel
+# cases, 200), KERNEL_SELECT (regex on kernel variant names, both kernel suites),
+# BENCH=1 (also the forward and the forward+backward benchmarks), SUITES (regex on
+# suite names: run only those, e.g. SUITES='kernel_backward|attention_bench_backward').
 set -u
 cd "$(dirname "$0")/.."
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
@@ -22,6 +26,9 @@ failed=0
 suite() {
   local name=$1 limit=$2
   shift 2
+  if [[ -n ${SUITES:-} && ! $name =~ $SUITES ]]; then
+    return 0
+  fi
   local start=$SECONDS
   echo "=== $name: $*"
   if timeout "$limit" "$@" >"$LOGS/$name.log" 2>&1; then
@@ -40,11 +47,17 @@ suite python_gpu_e2e 240 python3 tests/python/gpu_e2e.py --kcached dist/kcached 
 # KERNEL_SELECT: a regex on variant names (e.g. sm90a) to check a subset.
 suite kernel_correctness 300 python3 tests/kernels/test_attention_fwd.py --cases "$CASES" \
   --seed "$SEED" --log "$LOGS/kernel_cases.log" ${KERNEL_SELECT:+--select "$KERNEL_SELECT"}
+# The backward: forward then the backward sequence against float64 autograd, every mask,
+# score modification, deterministic on/off (compiles its variants in parallel first).
+suite kernel_backward 420 python3 tests/kernels/test_attention_bwd.py --cases "${CASES_BWD:-200}" \
+  --seed "$SEED" --log "$LOGS/kernel_bwd_cases.log" ${KERNEL_SELECT:+--select "$KERNEL_SELECT"}
 if [[ -n ${BENCH:-} ]]; then
   suite attention_bench 300 python3 bench/attention/bench_attention.py --json "$LOGS/bench.json"
+  suite attention_bench_backward 420 python3 bench/attention/bench_attention.py --backward \
+    --json "$LOGS/bench_bwd.json"
 fi
 
 echo
-echo "GPU suites (seed $SEED):"
+echo "GPU suites (seed $SEED, $SECONDS s in all):"
 printf '  %s\n' "${results[@]}"
 exit $failed
