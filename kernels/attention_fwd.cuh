@@ -21,6 +21,8 @@
 //     shared memory when the CTA starts (drafter and document classify
 //     tiles from the anchors / sequence ids; expression masks read the
 //     classes written by kcache_attn_mask_build into p.tile_class).
+//     Drafter tiles hold blocks sorted by anchor, not consecutive blocks
+//     (kDrafterSort): each CTA sorts its batch row's anchors first.
 // Tiles are "full" (no per-element mask), "partial" (mask per element, and
 // the kv_len bound) or empty (never loaded, never computed). Partial tiles
 // are classified again per warp before any MMA: a warp that sees none of
@@ -117,6 +119,32 @@ constexpr bool kQInRegs = !kWgmma && kMT * kKQ * 4 <= 32 && kMT * (kDV + kBN) / 
 
 constexpr bool kListMask =
     KC_MASK == KC_MASK_DOCUMENT || KC_MASK == KC_MASK_DRAFTER || KC_MASK == KC_MASK_EXPR;
+
+// Drafter mask: query tiles hold drafter blocks sorted by anchor. A tile of
+// consecutive blocks with unrelated (random) anchors computes every key tile
+// below its largest anchor (E[max of 8 uniform] = 8/9 of the context against
+// a mean of 1/2: ~1.8x the visible work); blocks of near-equal anchors make
+// most of those tiles full and none wasted. Each CTA sorts its batch row's
+// (anchor, block) keys (bitonic, in the K/V stages, before the first K/V
+// load) and takes the blocks of ranks [mtile * kBM / block, ...); rows keep
+// their order within a block. Only when a block divides the tile.
+// KC_DRAFTER_SORT: 0 never, 1 when worth it (default), 2 whenever possible
+// (tests).
+#ifndef KC_DRAFTER_SORT
+#define KC_DRAFTER_SORT 1
+#endif
+__host__ __device__ constexpr int pow2_floor(int x) {
+  int r = 1;
+  while (r * 2 <= x) r *= 2;
+  return r;
+}
+// Score modifications that read the query index (ALiBi, expressions) keep
+// the identity order: the permuted index would cost registers in the loop.
+constexpr bool kDrafterSort = KC_MASK == KC_MASK_DRAFTER && KC_DRAFTER_SORT != 0 &&
+                              KC_DRAFTER_BLOCK <= kBM && kBM % KC_DRAFTER_BLOCK == 0 &&
+                              (KC_SCORE_MOD == KC_SCORE_NONE || KC_SCORE_MOD == KC_SCORE_SOFTCAP);
+// 64-bit keys in the K/V stages: at least 2048 (d64, block_n 32, 2 stages).
+constexpr int kSortCap = pow2_floor(kStages * (kKBytes + kVBytes) / 8);
 
 // ---------------------------------------------------------------------------
 // PTX wrappers
@@ -324,6 +352,30 @@ __device__ __forceinline__ void load_tile(unsigned sdst, const elem_t* g, long l
   }
 }
 
+// The same for a gathered tile: tile row r comes from source row row_of(r),
+// zero-filled when that is negative (the drafter's permuted query rows).
+template <int ROWS, int D, typename RowOf>
+__device__ __forceinline__ void load_tile_rows(unsigned sdst, const elem_t* g, long long stride,
+                                               RowOf row_of, int tid) {
+  constexpr int kChunks = D / 8;
+  constexpr int kTotal = ROWS * kChunks;
+  static_assert(kTotal % kThreads == 0, "tile copy does not divide among threads");
+#pragma unroll
+  for (int i = 0; i < kTotal / kThreads; ++i) {
+    const int idx = tid + i * kThreads;
+    const int r = idx / kChunks;
+    const int c = idx % kChunks;
+    const int src_row = row_of(r);
+    const bool ok = src_row >= 0;
+    const elem_t* src = ok ? g + (long long)src_row * stride + c * 8 : g;
+    if constexpr (kWgmma) {
+      cp_async16(sdst + (c >> 3) * (ROWS * 128) + r * 128 + (((c & 7) ^ (r & 7)) << 4), src, ok);
+    } else {
+      cp_async16(sdst + r * (D * 2) + ((c ^ (r & 7)) << 4), src, ok);
+    }
+  }
+}
+
 __device__ __forceinline__ int imin(int a, int b) { return a < b ? a : b; }
 __device__ __forceinline__ int imax(int a, int b) { return a > b ? a : b; }
 
@@ -380,9 +432,81 @@ extern "C" __global__ void __launch_bounds__(KC_NUM_WARPS * 32)
   int* misc = reinterpret_cast<int*>(sbase + kMiscOff);
 #endif
 
+#if KC_MASK == KC_MASK_DRAFTER
+  // Sorted drafter blocks (kDrafterSort above). The tile's rows come from
+  // src_row(r) (-1: past q_len). The keys are read before the barrier that
+  // follows the row data, and the K/V stages they live in are loaded only
+  // after it; later, a row's query index is recovered from its row data
+  // (rowdata[r].z = ctx_len + block * block_size, also for dropped blocks).
+  bool permute = false;
+  {
+    unsigned long long* const skeys = reinterpret_cast<unsigned long long*>(sbase + kKOff);
+    const int nb = p.drafter_num_blocks;
+    if constexpr (kDrafterSort) {
+      constexpr int kBlocksPerTile = kBM / KC_DRAFTER_BLOCK;
+      int np2 = 1;
+      while (np2 < nb) np2 *= 2;
+      const int ctx = p.drafter_context_len;
+      // The sort costs ~log2(n)^2 / 2 barriers and n log2(n)^2 / 4 compares per CTA;
+      // it pays when the context spans several key tiles (a guess, not tuned).
+      permute = q_len == nb * KC_DRAFTER_BLOCK && nb > kBlocksPerTile && np2 <= kSortCap &&
+                (KC_DRAFTER_SORT == 2 || (ctx >= 2 * kBN && ctx >= np2));
+      if (permute) {
+        const kc_i32* anc = p.drafter_anchor + b * p.drafter_stride_b;
+        const kc_i8* kp = p.drafter_keep == nullptr ? nullptr : p.drafter_keep + b * p.drafter_stride_b;
+        for (int i = tid; i < np2; i += kThreads) {
+          unsigned long long key = ~0ull;  // padding sorts last
+          if (i < nb) {
+            // Dropped blocks see nothing: they sort first (key 0).
+            const int a = (kp == nullptr || kp[i] != 0) ? imax(0, imin(anc[i], ctx)) + 1 : 0;
+            key = (static_cast<unsigned long long>(a) << 32) | static_cast<unsigned>(i);
+          }
+          skeys[i] = key;
+        }
+        __syncthreads();
+        for (int k = 2; k <= np2; k <<= 1) {
+          for (int jj = k >> 1; jj > 0; jj >>= 1) {
+            for (int t = tid; t < np2 / 2; t += kThreads) {
+              const int i = ((t & ~(jj - 1)) << 1) | (t & (jj - 1));  // pair (i, i + jj)
+              const unsigned long long x = skeys[i], y = skeys[i + jj];
+              if ((x > y) == ((i & k) == 0)) {
+                skeys[i] = y;
+                skeys[i + jj] = x;
+              }
+            }
+            __syncthreads();
+          }
+        }
+      }
+    }
+    (void)skeys;
+    (void)nb;
+  }
+  auto src_row = [&](int r) -> int {
+    if constexpr (kDrafterSort) {
+      if (permute) {
+        constexpr int kBlocksPerTile = kBM / KC_DRAFTER_BLOCK;
+        const int rank = mtile * kBlocksPerTile + r / KC_DRAFTER_BLOCK;
+        if (rank >= p.drafter_num_blocks) return -1;
+        const unsigned long long* skeys =
+            reinterpret_cast<const unsigned long long*>(sbase + kKOff);
+        return static_cast<int>(static_cast<unsigned>(skeys[rank])) * KC_DRAFTER_BLOCK +
+               r % KC_DRAFTER_BLOCK;
+      }
+    }
+    return m0 + r < q_len ? m0 + r : -1;
+  };
+  if (permute) {
+    load_tile_rows<kBM, kDQK>(sQ, qg, p.q_stride_s, src_row, tid);
+  } else {
+    load_tile<kBM, kDQK>(sQ, qg, p.q_stride_s, m0, q_len, tid);
+  }
+  cp_async_commit();
+#else
   // Q first: its copy overlaps the tile planning below.
   load_tile<kBM, kDQK>(sQ, qg, p.q_stride_s, m0, q_len, tid);
   cp_async_commit();
+#endif
 
   // ------------------------------------------------------------------------
   // The walk over key tiles: iteration i visits tile `first + i` (analytic
@@ -463,11 +587,12 @@ extern "C" __global__ void __launch_bounds__(KC_NUM_WARPS * 32)
   constexpr int kBlk = KC_DRAFTER_BLOCK;
   static_assert(kBlk > 0, "drafter block size must be positive");
   for (int r = tid; r < kBM; r += kThreads) {
-    const int q = m0 + r;
+    const int q = src_row(r);  // -1 past q_len
     const int j = q / kBlk;
     int4 rd = make_int4(0, 0, 0, 0);  // visible: [x, y) U [z, w)
-    if (q < q_len && j < p.drafter_num_blocks) {
+    if (q >= 0 && j < p.drafter_num_blocks) {
       const bool keep = p.drafter_keep == nullptr || p.drafter_keep[b * p.drafter_stride_b + j] != 0;
+      rd.z = rd.w = ctx_len + j * kBlk;  // dropped: empty, but z still names the block
       if (keep) {
         const int a = p.drafter_anchor[b * p.drafter_stride_b + j];
         rd.y = imax(0, imin(a, ctx_len));
@@ -491,7 +616,7 @@ extern "C" __global__ void __launch_bounds__(KC_NUM_WARPS * 32)
         const int4 f = rowdata[r];
         const int own_hi_any = rowdata[r_end - 1].w;  // causal: the last row sees most
         const bool ctx_any = n0 < f.y && n1 > f.x;
-        const bool own_any = n0 < own_hi_any && n1 > f.z;
+        const bool own_any = f.z < own_hi_any && n0 < own_hi_any && n1 > f.z;
         const bool ctx_all = n0 >= f.x && n1 <= f.y;
         const bool own_all = n0 >= f.z && n1 <= f.w;  // f.w: the first row sees least
         any = any || ctx_any || own_any;
@@ -616,6 +741,16 @@ extern "C" __global__ void __launch_bounds__(KC_NUM_WARPS * 32)
     }
   }
   const int row_base = m0 + warp * kWM + g;  // + mt * 16 + hh * 8
+  // Query index of this thread's row (mt, hh): drafter rows may be permuted.
+  auto q_of = [&](int mt, int hh) -> int {
+#if KC_MASK == KC_MASK_DRAFTER
+    if (kDrafterSort && permute) {
+      const int r = warp * kWM + mt * 16 + g + hh * 8;
+      return r <= mlast - m0 ? rowdata[r].z - ctx_len + r % KC_DRAFTER_BLOCK : q_len;
+    }
+#endif
+    return row_base + mt * 16 + hh * 8;
+  };
 #if KC_SCORE_MOD == KC_SCORE_ALIBI
   const float alibi_slope = p.alibi_slopes[h];
 #endif
@@ -719,7 +854,7 @@ extern "C" __global__ void __launch_bounds__(KC_NUM_WARPS * 32)
       for (int nt = 0; nt < kNT; ++nt) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          const int q = row_base + mt * 16 + (e >> 1) * 8;
+          const int q = q_of(mt, e >> 1);
           const int kv = n0 + nt * 8 + 2 * t4 + (e & 1);
           float x = s[mt][nt][e] * kScale;
 #if KC_SCORE_MOD == KC_SCORE_SOFTCAP
@@ -1088,7 +1223,7 @@ extern "C" __global__ void __launch_bounds__(KC_NUM_WARPS * 32)
       float l = l_run[mt][hh];
       l += __shfl_xor_sync(0xffffffffu, l, 1);
       l += __shfl_xor_sync(0xffffffffu, l, 2);
-      const int q = row_base + mt * 16 + hh * 8;
+      const int q = q_of(mt, hh);
       if (q < q_len) {
         const float inv = l > 0.f ? 1.f / l : 0.f;
         unsigned* orow = reinterpret_cast<unsigned*>(og + q * p.o_stride_s + 2 * t4);
