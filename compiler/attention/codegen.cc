@@ -266,8 +266,12 @@ absl::StatusOr<GeneratedSource> GenerateAttentionSource(const v1::AttentionSpec&
     entry("kcache_attn_bwd_dkdv", v1::ENTRY_ROLE_BACKWARD, bwd_threads, bwd.smem_dkdv, bwd.block_m,
           bwd.block_n);
     if (spec.deterministic()) {
-      entry("kcache_attn_bwd_dq", v1::ENTRY_ROLE_BACKWARD_DQ, bwd_threads, bwd.smem_dq, bwd.block_m,
-            bwd.block_n);
+      // A dQ CTA owns block_n query rows and steps over block_m keys
+      // (kernels/attention_tiles.h): the entry says so in its own terms, so
+      // that its grid is ceil(q_len / entry.block_m) like every query-side
+      // entry's.
+      entry("kcache_attn_bwd_dq", v1::ENTRY_ROLE_BACKWARD_DQ, bwd_threads, bwd.smem_dq, bwd.block_n,
+            bwd.block_m);
     } else {
       entry("kcache_attn_bwd_dq_convert", v1::ENTRY_ROLE_BACKWARD_POSTPROCESS, kAttnBwdAuxThreads,
             0, kAttnBwdRowsPerCta, 0);

@@ -233,8 +233,10 @@ TEST(CodegenBackwardTest, EntryPointsRolesAndTilesFollowTheContract) {
         want.push_back({"kcache_attn_bwd_dkdv", v1::ENTRY_ROLE_BACKWARD, u(t.num_warps * 32),
                         u(t.smem_dkdv), u(t.block_m), u(t.block_n)});
         if (det) {
+          // Its CTA owns block_n query rows (attention_tiles.h): the entry's
+          // block_m is the rows per CTA.
           want.push_back({"kcache_attn_bwd_dq", v1::ENTRY_ROLE_BACKWARD_DQ, u(t.num_warps * 32),
-                          u(t.smem_dq), u(t.block_m), u(t.block_n)});
+                          u(t.smem_dq), u(t.block_n), u(t.block_m)});
         } else {
           want.push_back({"kcache_attn_bwd_dq_convert", v1::ENTRY_ROLE_BACKWARD_POSTPROCESS,
                           u(kAttnBwdAuxThreads), 0, u(kAttnBwdRowsPerCta), 0});
