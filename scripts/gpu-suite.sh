@@ -53,7 +53,7 @@ suite kernel_backward 420 python3 tests/kernels/test_attention_bwd.py --cases "$
   --seed "$SEED" --log "$LOGS/kernel_bwd_cases.log" ${KERNEL_SELECT:+--select "$KERNEL_SELECT"}
 if [[ -n ${BENCH:-} ]]; then
   suite attention_bench 300 python3 bench/attention/bench_attention.py --json "$LOGS/bench.json"
-  suite attention_bench_backward 420 python3 bench/attention/bench_attention.py --backward \
+  suite attention_bench_backward 540 python3 bench/attention/bench_attention.py --backward \
     --json "$LOGS/bench_bwd.json"
 fi
 
