@@ -19,17 +19,20 @@ def record(deterministic=False, mask=None, drop=()):
     entries = [
         ("kcache_attn_fwd", cuda.ENTRY_ROLE_FORWARD, 256, 168000, 128, 128),
         ("kcache_attn_bwd_preprocess", cuda.ENTRY_ROLE_BACKWARD_PREPROCESS, 256, 0, 64, 0),
-        ("kcache_attn_bwd_dkdv", cuda.ENTRY_ROLE_BACKWARD, 128, 113680, 64, 64),
+        # Backward tiles 64 x 128, 8 warps: a dK/dV CTA owns 128 keys.
+        ("kcache_attn_bwd_dkdv", cuda.ENTRY_ROLE_BACKWARD, 256, 154640, 64, 128),
     ]
     if deterministic:
-        entries.append(("kcache_attn_bwd_dq", cuda.ENTRY_ROLE_BACKWARD_DQ, 128, 70000, 64, 64))
+        # A dQ CTA owns 128 query rows; the entry states them as its block_m.
+        entries.append(("kcache_attn_bwd_dq", cuda.ENTRY_ROLE_BACKWARD_DQ, 256, 137232, 128,
+                        64))
     else:
         entries.append(("kcache_attn_bwd_dq_convert", cuda.ENTRY_ROLE_BACKWARD_POSTPROCESS, 256,
                         0, 0, 0))  # no block_m: 64 rows per CTA
     if r.spec.mask.WhichOneof("kind") == "expr":
         entries.append(("kcache_attn_mask_build", cuda.ENTRY_ROLE_MASK_BUILD, 128, 0, 128, 128))
         entries.append(("kcache_attn_bwd_mask_build", cuda.ENTRY_ROLE_BACKWARD_MASK_BUILD, 128,
-                        0, 64, 64))
+                        0, 64, 128))
     for name, role, threads, smem, bm, bn in entries:
         if name in drop:
             continue
@@ -50,7 +53,7 @@ def names_and_grids(launches):
 def test_default_sequence_converts_the_dq_accumulator():
     assert names_and_grids(backward_launches(record(), PLAN)) == [
         ("kcache_attn_bwd_preprocess", (16, 8, 3), 256, 0),
-        ("kcache_attn_bwd_dkdv", (24, 2, 3), 128, 113680),  # ceil(1500 / 64) key tiles, kv heads
+        ("kcache_attn_bwd_dkdv", (12, 2, 3), 256, 154640),  # ceil(1500 / 128) key tiles, kv heads
         ("kcache_attn_bwd_dq_convert", (16, 8, 3), 256, 0),
     ]
 
@@ -58,8 +61,8 @@ def test_default_sequence_converts_the_dq_accumulator():
 def test_deterministic_sequence_runs_the_dq_kernel():
     assert names_and_grids(backward_launches(record(deterministic=True), PLAN)) == [
         ("kcache_attn_bwd_preprocess", (16, 8, 3), 256, 0),
-        ("kcache_attn_bwd_dkdv", (24, 2, 3), 128, 113680),
-        ("kcache_attn_bwd_dq", (16, 8, 3), 128, 70000),
+        ("kcache_attn_bwd_dkdv", (12, 2, 3), 256, 154640),
+        ("kcache_attn_bwd_dq", (8, 8, 3), 256, 137232),  # ceil(1000 / 128) query tiles
     ]
 
 
