@@ -59,13 +59,17 @@ constexpr int kNW = KC_BWD_NUM_WARPS;
 constexpr int kThreads = kNW * 32;
 constexpr int kDQK = KC_HEAD_DIM_QK;
 constexpr int kDV = KC_HEAD_DIM_V;
-static_assert(kBM == 16 * kNW && kBN == 16 * kNW && kBM == 64,
-              "backward tiles: 64 x 64, 16 rows (queries or keys) per warp");
+// dK/dV kernel: kBN keys per CTA (16 per warp), query steps of kBM = 64.
+// dQ kernel: kBN query rows per CTA (16 per warp), key steps of kBM.
+static_assert(kBN == 16 * kNW && kBM == 64 && kNW % 4 == 0,
+              "backward tiles: block_n = 16 * num_warps, block_m = 64");
+constexpr int kDqRows = kBN;  // dQ kernel: query rows per CTA
+constexpr int kDqKeys = kBM;  // dQ kernel: keys per step
 static_assert((kDQK == 64 || kDQK == 128) && (kDV == 64 || kDV == 128),
               "backward head dims: 64 or 128");
 constexpr int kKQ = kDQK / 16;  // k16 steps over the Q/K head dim
 constexpr int kKV = kDV / 16;   // k16 steps over the V head dim
-constexpr int kNT = 64 / 8;     // n8 tiles over a 64-wide query or key tile
+constexpr int kNT = kBM / 8;    // n8 tiles over a query step (dK/dV) or key step (dQ)
 constexpr int kDTQ = kDQK / 8;  // n8 tiles of dK / dQ
 constexpr int kDTV = kDV / 8;   // n8 tiles of dV
 constexpr int kList = kAttnBwdMaxList;
@@ -110,14 +114,14 @@ __device__ __forceinline__ void st_shared_u32(unsigned addr, unsigned v) {
   asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
 }
 
-// Rows [row0, row0 + 64) of a [len, D] matrix into a swizzled tile (chunk c
+// Rows [row0, row0 + ROWS) of a [len, D] matrix into a swizzled tile (chunk c
 // of row r at r * 2D + ((c ^ (r & 7)) << 4), the forward's mma.sync layout);
 // rows at or past `len` are zero-filled.
-template <int D>
+template <int ROWS, int D>
 __device__ __forceinline__ void load_rows(unsigned sdst, const elem_t* g, long long stride,
                                           int row0, int len, int tid) {
   constexpr int kChunks = D / 8;
-  constexpr int kTotal = 64 * kChunks;
+  constexpr int kTotal = ROWS * kChunks;
   static_assert(kTotal % kThreads == 0, "tile copy does not divide among threads");
 #pragma unroll
   for (int i = 0; i < kTotal / kThreads; ++i) {
@@ -201,15 +205,16 @@ __device__ __forceinline__ bool visible(const AttentionParams& p, int b, int h, 
   return vis;
 }
 
-// Class of the tile pair (query tile qt, key tile kt) for the masks decided
-// per thread (none, causal, window, drafter): 0 empty, 1 partial, 2 full.
-// Document and expression masks are classified by the callers.
-__device__ __forceinline__ int classify_pair(const AttentionParams& p, int b, int qt, int kt,
-                                             int q_len, int kv_len, int off) {
-  const int m0 = qt * kBM, m1 = imin(m0 + kBM, q_len);
-  const int n0 = kt * kBN, n1 = imin(n0 + kBN, kv_len);
+// Class of the tile pair (queries [m0, m0 + rows), keys [n0, n0 + cols))
+// for the masks decided per thread (none, causal, window, drafter): 0
+// empty, 1 partial, 2 full. Document and expression masks are classified by
+// the callers.
+__device__ __forceinline__ int classify_pair(const AttentionParams& p, int b, int m0, int rows,
+                                             int n0, int cols, int q_len, int kv_len, int off) {
+  const int m1 = imin(m0 + rows, q_len);
+  const int n1 = imin(n0 + cols, kv_len);
   if (m1 <= m0 || n1 <= n0) return 0;
-  const bool inb = m1 - m0 == kBM && n1 - n0 == kBN;
+  const bool inb = m1 - m0 == rows && n1 - n0 == cols;
 #if KC_MASK == KC_MASK_CAUSAL || KC_MASK == KC_MASK_SLIDING_WINDOW
   // kv - q ranges over [dmin, dmax]; visible where it is in [lo, hi].
   const int dmin = n0 - (m1 - 1), dmax = (n1 - 1) - m0;
@@ -268,10 +273,9 @@ __device__ __forceinline__ void warp_id_range(const int* ids, int lo, int hi, in
 
 // Document-mask class of a tile pair from the id ranges of both tiles.
 __device__ __forceinline__ int classify_doc(int qmin, int qmax, int kmin, int kmax, int m0, int m1,
-                                            int n0, int n1) {
+                                            int n0, int n1, bool inb) {
   if (m1 <= m0 || n1 <= n0 || kmax < qmin || kmin > qmax) return 0;
   if (KC_DOC_CAUSAL && n0 > m1 - 1) return 0;
-  const bool inb = m1 - m0 == kBM && n1 - n0 == kBN;
   const bool one = qmin == qmax && kmin == kmax && qmin == kmin;
   const bool causal_full = !KC_DOC_CAUSAL || n1 - 1 <= m0;
   return inb && one && causal_full ? 2 : 1;
@@ -317,6 +321,26 @@ __device__ __forceinline__ float score_mod(float x, const ScoreCtx& sc, int b, i
   (void)sc; (void)b; (void)h; (void)q; (void)kv; (void)p;
   return x;
 #endif
+}
+
+// Launch order. CTAs of a few (batch, head) pairs at a time run together,
+// so that their Q, dO and dQ accumulators stay in L2 (one pair at a time
+// spreads the heavy tiles to the end of the grid; every pair at once
+// spills L2); within such a chunk the tile index (blockIdx.x's role) varies
+// slowest, so that the heavy tiles of the chunk start first.
+#ifndef KC_BWD_HEAD_CHUNK
+#define KC_BWD_HEAD_CHUNK 4
+#endif
+__device__ __forceinline__ void launch_order(int& tile, int& y, int& z) {
+  const int nt = gridDim.x, ny = gridDim.y, nyz = gridDim.y * gridDim.z;
+  const int lin = blockIdx.x + nt * (blockIdx.y + ny * blockIdx.z);
+  const int chunk = lin / (nt * KC_BWD_HEAD_CHUNK);
+  const int in = lin - chunk * nt * KC_BWD_HEAD_CHUNK;
+  const int csize = imin(KC_BWD_HEAD_CHUNK, nyz - chunk * KC_BWD_HEAD_CHUNK);
+  tile = in / csize;
+  const int yz = chunk * KC_BWD_HEAD_CHUNK + in % csize;
+  y = yz % ny;
+  z = yz / ny;
 }
 
 // lse (natural log) -> log2 domain; a row that saw nothing (-inf) gets +inf
@@ -461,7 +485,7 @@ extern "C" __global__ void __launch_bounds__(128)
 // dK, dV (and dQ by atomics unless deterministic).
 // Grid (ceil(kv_len / 64), num_kv_heads, batch); KC_BWD_NUM_WARPS * 32 threads.
 // ---------------------------------------------------------------------------
-extern "C" __global__ void __launch_bounds__(KC_BWD_NUM_WARPS * 32, 2)
+extern "C" __global__ void __launch_bounds__(KC_BWD_NUM_WARPS * 32, 256 / (KC_BWD_NUM_WARPS * 32))
     kcache_attn_bwd_dkdv(const __grid_constant__ kcache::AttentionParams p) {
   using namespace kcache;
   using namespace kcache::attn_bwd;
@@ -473,9 +497,10 @@ extern "C" __global__ void __launch_bounds__(KC_BWD_NUM_WARPS * 32, 2)
   const int g = lane >> 2;
   const int t4 = lane & 3;
   const int l7 = lane & 7;
-  const int ktile = blockIdx.x;
-  const int hkv = blockIdx.y;
-  const int b = blockIdx.z;
+  // Heavy key tiles (the first: seen by every later query under causal
+  // masks, and the drafter's context) start first within each chunk.
+  int ktile, hkv, b;
+  launch_order(ktile, hkv, b);
   const int n0 = ktile * kBN;
   const int q_len = p.q_len;
   const int kv_len = p.kv_len;
@@ -505,8 +530,8 @@ extern "C" __global__ void __launch_bounds__(KC_BWD_NUM_WARPS * 32, 2)
 
   const elem_t* kg = static_cast<const elem_t*>(p.k) + b * p.k_stride_b + hkv * p.k_stride_h;
   const elem_t* vg = static_cast<const elem_t*>(p.v) + b * p.v_stride_b + hkv * p.v_stride_h;
-  load_rows<kDQK>(sK, kg, p.k_stride_s, n0, kv_len, tid);
-  load_rows<kDV>(sV, vg, p.v_stride_s, n0, kv_len, tid);
+  load_rows<kBN, kDQK>(sK, kg, p.k_stride_s, n0, kv_len, tid);
+  load_rows<kBN, kDV>(sV, vg, p.v_stride_s, n0, kv_len, tid);
   cp_async_commit();
 
   // ---- the walk: items (query head within the group, query tile, class) --
@@ -546,11 +571,15 @@ extern "C" __global__ void __launch_bounds__(KC_BWD_NUM_WARPS * 32, 2)
       const int m0 = qt * kBM, m1 = imin(m0 + kBM, q_len);
       int qmin, qmax;
       warp_id_range(q_ids, m0, m1, lane, qmin, qmax);
-      if (lane == 0) list[qt] = static_cast<unsigned>(classify_doc(qmin, qmax, kmin, kmax, m0, m1, n0, n1));
+      if (lane == 0) {
+        list[qt] = static_cast<unsigned>(classify_doc(qmin, qmax, kmin, kmax, m0, m1, n0, n1,
+                                                      m1 - m0 == kBM && n1 - n0 == kBN));
+      }
     }
 #elif KC_MASK == KC_MASK_DRAFTER
     for (int qt = tid; qt < n_q_tiles; qt += kThreads) {
-      list[qt] = static_cast<unsigned>(classify_pair(p, b, qt, ktile, q_len, kv_len, off));
+      list[qt] = static_cast<unsigned>(
+          classify_pair(p, b, qt * kBM, kBM, n0, kBN, q_len, kv_len, off));
     }
 #else
     const bool kv_inb = n0 + kBN <= kv_len;
@@ -593,7 +622,7 @@ extern "C" __global__ void __launch_bounds__(KC_BWD_NUM_WARPS * 32, 2)
       const int nr = qt_hi - qt_lo;
       hh = it / nr;
       qt = qt_lo + it % nr;
-      cls = kListMask ? 1 : classify_pair(p, b, qt, ktile, q_len, kv_len, off);
+      cls = kListMask ? 1 : classify_pair(p, b, qt * kBM, kBM, n0, kBN, q_len, kv_len, off);
     }
   };
 
@@ -603,10 +632,10 @@ extern "C" __global__ void __launch_bounds__(KC_BWD_NUM_WARPS * 32, 2)
     item_of(it, hh, qt, cls);
     const int hq = hkv * group + hh;
     const int m0 = qt * kBM;
-    load_rows<kDQK>(sQ + st * kQB,
+    load_rows<kBM, kDQK>(sQ + st * kQB,
                     static_cast<const elem_t*>(p.q) + b * p.q_stride_b + hq * p.q_stride_h,
                     p.q_stride_s, m0, q_len, tid);
-    load_rows<kDV>(sO + st * kOB,
+    load_rows<kBM, kDV>(sO + st * kOB,
                    static_cast<const elem_t*>(p.dout) + b * p.do_stride_b + hq * p.do_stride_h,
                    p.do_stride_s, m0, q_len, tid);
     if (tid < kBM) {
@@ -792,73 +821,83 @@ extern "C" __global__ void __launch_bounds__(KC_BWD_NUM_WARPS * 32, 2)
 #if !KC_DETERMINISTIC
     __syncthreads();  // dS^T complete
     {
-      // dQ rows 16 * warp .. + 16 of this query tile: dS (from dS^T,
-      // transposed) times K (transposed), in chunks of 64 columns.
-      unsigned da[kBN / 16][4];
-#pragma unroll
-      for (int kk = 0; kk < kBN / 16; ++kk) {
-        const int row = kk * 16 + brow;
-        const int chunk = 2 * warp + ((lane >> 3) & 1);
-        ldsm_x4_t(sS + row * (kBM * 2) + ((chunk ^ l7) << 4), da[kk][0], da[kk][1], da[kk][2],
-                  da[kk][3]);
-      }
+      // dQ = dS K for this query step: warp w adds a 32 x 32 block (rows
+      // 32 * (w % 2), columns 32 * (w / 2) + k * 32 * kNW / 2): two m16 tiles
+      // share each K fragment and two n8 pairs share each dS fragment. dS
+      // comes from dS^T (transposed), K transposed.
+      constexpr int kColGroups = kNW / 2;
+      const int r0w = (warp & 1) * 32;
       float* acc_row = p.dq_accum +
                        ((static_cast<long long>(b) * p.num_q_heads + hq) * q_len + m0) * kDQK;
 #pragma unroll
-      for (int dc = 0; dc < kDQK / 64; ++dc) {
-        float acc[8][4];
+      for (int c0 = (warp >> 1) * 32; c0 < kDQK; c0 += 32 * kColGroups) {
+        float acc[2][4][4];
 #pragma unroll
-        for (int i = 0; i < 8; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+        for (int mt = 0; mt < 2; ++mt) {
+#pragma unroll
+          for (int i = 0; i < 4; ++i) acc[mt][i][0] = acc[mt][i][1] = acc[mt][i][2] = acc[mt][i][3] = 0.f;
+        }
 #pragma unroll
         for (int kk = 0; kk < kBN / 16; ++kk) {
+          unsigned da[2][4];
 #pragma unroll
-          for (int dpair = 0; dpair < 4; ++dpair) {
+          for (int mt = 0; mt < 2; ++mt) {
+            const int ds_chunk = (r0w >> 3) + 2 * mt + ((lane >> 3) & 1);
+            ldsm_x4_t(sS + (kk * 16 + brow) * (kBM * 2) + ((ds_chunk ^ l7) << 4), da[mt][0],
+                      da[mt][1], da[mt][2], da[mt][3]);
+          }
+#pragma unroll
+          for (int dpair = 0; dpair < 2; ++dpair) {
             unsigned b0, b1, b2, b3;
-            ldsm_x4_t(sK + (kk * 16 + trow) * (kDQK * 2) + (((dc * 4 + dpair) * 32) ^ akey), b0,
+            ldsm_x4_t(sK + (kk * 16 + trow) * (kDQK * 2) + (((c0 / 16 + dpair) * 32) ^ akey), b0,
                       b1, b2, b3);
-            mma16816(acc[2 * dpair], da[kk], b0, b1);
-            mma16816(acc[2 * dpair + 1], da[kk], b2, b3);
+#pragma unroll
+            for (int mt = 0; mt < 2; ++mt) {
+              mma16816(acc[mt][2 * dpair], da[mt], b0, b1);
+              mma16816(acc[mt][2 * dpair + 1], da[mt], b2, b3);
+            }
           }
         }
-#if KC_ARCH >= 90
-        // Vector reductions: lanes t4 and t4 ^ 1 swap halves so that each
-        // adds four consecutive columns of one row (even t4: row g, odd:
-        // row g + 8), a quarter of the scalar reductions.
-        {
-          const int odd = t4 & 1;
-          const int r = warp * 16 + g + 8 * odd;
-          float* dst = acc_row + r * kDQK + dc * 64 + 2 * (t4 & ~1);
 #pragma unroll
-          for (int dt = 0; dt < 8; ++dt) {
-            const float s0 = odd ? acc[dt][0] : acc[dt][2];
-            const float s1 = odd ? acc[dt][1] : acc[dt][3];
-            const float r0 = __shfl_xor_sync(0xffffffffu, s0, 1);
-            const float r1 = __shfl_xor_sync(0xffffffffu, s1, 1);
-            const float v0 = odd ? r0 : acc[dt][0];
-            const float v1 = odd ? r1 : acc[dt][1];
-            const float v2 = odd ? acc[dt][2] : r0;
-            const float v3 = odd ? acc[dt][3] : r1;
+        for (int mt = 0; mt < 2; ++mt) {
+#if KC_ARCH >= 90
+          // Vector reductions: lanes t4 and t4 ^ 1 swap halves so that each
+          // adds four consecutive columns of one row (even t4: row g, odd:
+          // row g + 8), a quarter of the scalar reductions.
+          const int odd = t4 & 1;
+          const int r = r0w + mt * 16 + g + 8 * odd;
+          float* dst = acc_row + r * kDQK + c0 + 2 * (t4 & ~1);
+#pragma unroll
+          for (int dt = 0; dt < 4; ++dt) {
+            const float s0 = odd ? acc[mt][dt][0] : acc[mt][dt][2];
+            const float s1 = odd ? acc[mt][dt][1] : acc[mt][dt][3];
+            const float x0 = __shfl_xor_sync(0xffffffffu, s0, 1);
+            const float x1 = __shfl_xor_sync(0xffffffffu, s1, 1);
+            const float v0 = odd ? x0 : acc[mt][dt][0];
+            const float v1 = odd ? x1 : acc[mt][dt][1];
+            const float v2 = odd ? acc[mt][dt][2] : x0;
+            const float v3 = odd ? acc[mt][dt][3] : x1;
             if (m0 + r < q_len) {
               asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(dst + dt * 8),
                            "f"(v0), "f"(v1), "f"(v2), "f"(v3)
                            : "memory");
             }
           }
-        }
 #else
 #pragma unroll
-        for (int hh2 = 0; hh2 < 2; ++hh2) {
-          const int r = warp * 16 + g + 8 * hh2;
-          if (m0 + r < q_len) {
-            float* dst = acc_row + r * kDQK + dc * 64 + 2 * t4;
+          for (int hh2 = 0; hh2 < 2; ++hh2) {
+            const int r = r0w + mt * 16 + g + 8 * hh2;
+            if (m0 + r < q_len) {
+              float* dst = acc_row + r * kDQK + c0 + 2 * t4;
 #pragma unroll
-            for (int dt = 0; dt < 8; ++dt) {
-              atomicAdd(dst + dt * 8, acc[dt][hh2 * 2]);
-              atomicAdd(dst + dt * 8 + 1, acc[dt][hh2 * 2 + 1]);
+              for (int dt = 0; dt < 4; ++dt) {
+                atomicAdd(dst + dt * 8, acc[mt][dt][hh2 * 2]);
+                atomicAdd(dst + dt * 8 + 1, acc[mt][dt][hh2 * 2 + 1]);
+              }
             }
           }
-        }
 #endif
+        }
       }
     }
 #endif
@@ -894,7 +933,7 @@ extern "C" __global__ void __launch_bounds__(KC_BWD_NUM_WARPS * 32, 2)
 // dQ without atomics: one CTA per (query tile, query head, batch).
 // Grid (ceil(q_len / 64), num_q_heads, batch); KC_BWD_NUM_WARPS * 32 threads.
 // ---------------------------------------------------------------------------
-extern "C" __global__ void __launch_bounds__(KC_BWD_NUM_WARPS * 32, 2)
+extern "C" __global__ void __launch_bounds__(KC_BWD_NUM_WARPS * 32, 256 / (KC_BWD_NUM_WARPS * 32))
     kcache_attn_bwd_dq(const __grid_constant__ kcache::AttentionParams p) {
   using namespace kcache;
   using namespace kcache::attn_bwd;
@@ -906,39 +945,44 @@ extern "C" __global__ void __launch_bounds__(KC_BWD_NUM_WARPS * 32, 2)
   const int g = lane >> 2;
   const int t4 = lane & 3;
   const int l7 = lane & 7;
-  const int qt = gridDim.x - 1 - blockIdx.x;  // heavy causal tiles first
-  const int h = blockIdx.y;
-  const int b = blockIdx.z;
-  const int m0 = qt * kBM;
+  // Heavy query tiles (the last ones under causal masks) first within each
+  // chunk of the launch order.
+  int qt, h, b;
+  launch_order(qt, h, b);
+  qt = gridDim.x - 1 - qt;
+  const int m0 = qt * kDqRows;
   const int q_len = p.q_len;
   const int kv_len = p.kv_len;
   const int hkv = h / (p.num_q_heads / p.num_kv_heads);
   const int off = KC_MASK_BOTTOM_RIGHT ? kv_len - q_len : 0;
-  const int n_kv_tiles = (kv_len + kBN - 1) / kBN;
-  const int mlast = imin(m0 + kBM, q_len) - 1;
+  const int n_kv_tiles = (kv_len + kDqKeys - 1) / kDqKeys;
+  const int mlast = imin(m0 + kDqRows, q_len) - 1;
 
-  constexpr int kKB = kBN * kDQK * 2, kVB = kBN * kDV * 2;
+  constexpr int kKB = kDqKeys * kDQK * 2, kVB = kDqKeys * kDV * 2;
   const unsigned sQ = smem_u32(smem);
-  const unsigned sO = sQ + kBM * kDQK * 2;
-  const unsigned sK = sO + kBM * kDV * 2;  // 2 stages
+  const unsigned sO = sQ + kDqRows * kDQK * 2;
+  const unsigned sK = sO + kDqRows * kDV * 2;  // 2 stages
   const unsigned sV = sK + 2 * kKB;        // 2 stages
   unsigned char* const base = smem + (sV + 2 * kVB - sQ);
   int4* rowdata = reinterpret_cast<int4*>(base);
-  unsigned* list = reinterpret_cast<unsigned*>(base + kBM * 16);
-  int* misc = reinterpret_cast<int*>(base + kBM * 16 + 4 * kList);
-  static_assert(kBM * (kDQK + kDV) * 2 + 2 * (kKB + kVB) + kBM * 16 + 4 * kList + 16 ==
+  unsigned* list = reinterpret_cast<unsigned*>(base + kDqRows * 16);
+  int* misc = reinterpret_cast<int*>(base + kDqRows * 16 + 4 * kList);
+  static_assert(kDqRows * (kDQK + kDV) * 2 + 2 * (kKB + kVB) + kDqRows * 16 + 4 * kList + 16 ==
                     AttentionBwdDqSmemBytes(kBM, kBN, kDQK, kDV),
                 "shared-memory layout out of step with attention_tiles.h");
 
   const elem_t* kg = static_cast<const elem_t*>(p.k) + b * p.k_stride_b + hkv * p.k_stride_h;
   const elem_t* vg = static_cast<const elem_t*>(p.v) + b * p.v_stride_b + hkv * p.v_stride_h;
-  load_rows<kDQK>(sQ, static_cast<const elem_t*>(p.q) + b * p.q_stride_b + h * p.q_stride_h,
-                  p.q_stride_s, m0, q_len, tid);
-  load_rows<kDV>(sO, static_cast<const elem_t*>(p.dout) + b * p.do_stride_b + h * p.do_stride_h,
-                 p.do_stride_s, m0, q_len, tid);
+  load_rows<kDqRows, kDQK>(sQ,
+                           static_cast<const elem_t*>(p.q) + b * p.q_stride_b + h * p.q_stride_h,
+                           p.q_stride_s, m0, q_len, tid);
+  load_rows<kDqRows, kDV>(sO,
+                          static_cast<const elem_t*>(p.dout) + b * p.do_stride_b +
+                              h * p.do_stride_h,
+                          p.do_stride_s, m0, q_len, tid);
   cp_async_commit();
   if constexpr (kRowData) {
-    if (tid < kBM) rowdata[tid] = row_data(p, m0 + tid, row_raw(p, b, m0 + tid));
+    if (tid < kDqRows) rowdata[tid] = row_data(p, m0 + tid, row_raw(p, b, m0 + tid));
   }
 
   // ---- the walk over key tiles ---------------------------------------------
@@ -950,8 +994,8 @@ extern "C" __global__ void __launch_bounds__(KC_BWD_NUM_WARPS * 32, 2)
     const int kv_hi = kWinRight < 0 ? kv_len : imin(kv_len, mlast + off + kWinRight + 1);
     n_iter = 0;
     if (kv_hi > kv_lo) {
-      first = kv_lo / kBN;
-      n_iter = (kv_hi + kBN - 1) / kBN - first;
+      first = kv_lo / kDqKeys;
+      n_iter = (kv_hi + kDqKeys - 1) / kDqKeys - first;
     }
   }
 #endif
@@ -965,25 +1009,40 @@ extern "C" __global__ void __launch_bounds__(KC_BWD_NUM_WARPS * 32, 2)
     int qmin, qmax;
     warp_id_range(q_ids, m0, mlast + 1, lane, qmin, qmax);
     for (int t = warp; t < n_kv_tiles; t += kNW) {
-      const int n0 = t * kBN, n1 = imin(n0 + kBN, kv_len);
+      const int n0 = t * kDqKeys, n1 = imin(n0 + kDqKeys, kv_len);
       int kmin, kmax;
       warp_id_range(kv_ids, n0, n1, lane, kmin, kmax);
-      if (lane == 0) list[t] = static_cast<unsigned>(classify_doc(qmin, qmax, kmin, kmax, m0, mlast + 1, n0, n1));
+      if (lane == 0) {
+        list[t] = static_cast<unsigned>(
+            classify_doc(qmin, qmax, kmin, kmax, m0, mlast + 1, n0, n1,
+                         mlast + 1 - m0 == kDqRows && n1 - n0 == kDqKeys));
+      }
     }
 #elif KC_MASK == KC_MASK_DRAFTER
     for (int t = tid; t < n_kv_tiles; t += kThreads) {
-      list[t] = static_cast<unsigned>(classify_pair(p, b, qt, t, q_len, kv_len, off));
+      list[t] = static_cast<unsigned>(
+          classify_pair(p, b, m0, kDqRows, t * kDqKeys, kDqKeys, q_len, kv_len, off));
     }
 #else
-    const bool q_inb = m0 + kBM <= q_len;
+    // tile_class is per (query tile of kBM, key tile of kBN): this CTA's
+    // rows are kDqRows / kBM query tiles, a key step is part of one key tile.
+    const bool q_inb = m0 + kDqRows <= q_len;
     for (int t = tid; t < n_kv_tiles; t += kThreads) {
-      int c = 1;
-      if (p.tile_class != nullptr) {
-        c = p.tile_class[b * p.tile_class_stride_b + h * p.tile_class_stride_h +
-                         qt * p.tile_class_stride_m + t];
-        c = c < 0 || c > 2 ? 1 : c;
+      bool any = false, all = true;
+      for (int sub = 0; sub < kDqRows / kBM; ++sub) {
+        const int qt64 = qt * (kDqRows / kBM) + sub;
+        if (qt64 * kBM >= q_len) break;
+        int c = 1;
+        if (p.tile_class != nullptr) {
+          c = p.tile_class[b * p.tile_class_stride_b + h * p.tile_class_stride_h +
+                           qt64 * p.tile_class_stride_m + (t * kDqKeys) / kBN];
+          c = c < 0 || c > 2 ? 1 : c;
+        }
+        any = any || c != 0;
+        all = all && c == 2;
       }
-      if (c == 2 && !(q_inb && t * kBN + kBN <= kv_len)) c = 1;
+      int c = any ? (all ? 2 : 1) : 0;
+      if (c == 2 && !(q_inb && t * kDqKeys + kDqKeys <= kv_len)) c = 1;
       list[t] = static_cast<unsigned>(c);
     }
 #endif
@@ -1003,14 +1062,16 @@ extern "C" __global__ void __launch_bounds__(KC_BWD_NUM_WARPS * 32, 2)
       cls = static_cast<int>(e >> 30);
     } else {
       tile = first + i;
-      cls = kListMask ? 1 : classify_pair(p, b, qt, tile, q_len, kv_len, off);
+      cls = kListMask ? 1
+                      : classify_pair(p, b, m0, kDqRows, tile * kDqKeys, kDqKeys, q_len, kv_len,
+                                      off);
     }
   };
   auto prefetch = [&](int i, int st) {
     int tile, cls;
     tile_of(i, tile, cls);
-    load_rows<kDQK>(sK + st * kKB, kg, p.k_stride_s, tile * kBN, kv_len, tid);
-    load_rows<kDV>(sV + st * kVB, vg, p.v_stride_s, tile * kBN, kv_len, tid);
+    load_rows<kDqKeys, kDQK>(sK + st * kKB, kg, p.k_stride_s, tile * kDqKeys, kv_len, tid);
+    load_rows<kDqKeys, kDV>(sV + st * kVB, vg, p.v_stride_s, tile * kDqKeys, kv_len, tid);
   };
   if (n_iter > 0) prefetch(0, 0);
   cp_async_commit();
@@ -1055,7 +1116,7 @@ extern "C" __global__ void __launch_bounds__(KC_BWD_NUM_WARPS * 32, 2)
 
     int tile, cls;
     tile_of(i, tile, cls);
-    const int n0 = tile * kBN;
+    const int n0 = tile * kDqKeys;
     const unsigned k_s = sK + st * kKB;
     const unsigned v_s = sV + st * kVB;
 

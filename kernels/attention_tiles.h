@@ -123,14 +123,15 @@ KC_TILES_HD constexpr AttentionTiles SelectAttentionTiles(int arch, int head_dim
 // ---------------------------------------------------------------------------
 // Backward tiles (attention_bwd.cuh). Two kernels share one configuration:
 //   kcache_attn_bwd_dkdv: a CTA owns block_n keys of one (batch, kv head),
-//     16 per warp, and walks the query tiles of block_m rows that see them
+//     16 per warp, and walks the query steps of block_m rows that see them
 //     (over every query head of the GQA group);
-//   kcache_attn_bwd_dq (deterministic mode): a CTA owns block_m query rows
-//     of one (batch, query head), 16 per warp, and walks key tiles of
-//     block_n.
-// Today block_m == block_n == 16 * num_warps with 4 warps (64 x 64): the
-// dK and dV accumulators (2 x 16 x d fp32 per warp) leave no register room
-// for larger S tiles on mma.sync. Head dims up to 128.
+//   kcache_attn_bwd_dq (deterministic mode): a CTA owns block_n query rows
+//     of one (batch, query head), 16 per warp, and walks key steps of
+//     block_m.
+// block_m = 64 and block_n = 16 * num_warps: the dK and dV accumulators
+// (2 x 16 x d fp32 per warp) leave no register room for wider S tiles on
+// mma.sync, and 128 keys per CTA halve the dQ atomics of a 64-key tile.
+// Head dims up to 128.
 // ---------------------------------------------------------------------------
 struct AttentionBwdTiles {
   int block_m;
@@ -160,10 +161,10 @@ KC_TILES_HD constexpr int AttentionBwdDkdvSmemBytes(int block_m, int block_n, in
          2 * block_m * 8 + 2 * block_m * 16 + 4 * kAttnBwdMaxList + 16;
 }
 
-// dQ kernel: Q and dO of the CTA's rows, two stages of K and V, per-row
-// mask data, the tile list and counters.
+// dQ kernel: Q and dO of the CTA's block_n rows, two stages of K and V
+// (block_m keys each), per-row mask data, the tile list and counters.
 KC_TILES_HD constexpr int AttentionBwdDqSmemBytes(int block_m, int block_n, int dqk, int dv) {
-  return block_m * (dqk + dv) * 2 + 2 * block_n * (dqk + dv) * 2 + block_m * 16 +
+  return block_n * (dqk + dv) * 2 + 2 * block_m * (dqk + dv) * 2 + block_n * 16 +
          4 * kAttnBwdMaxList + 16;
 }
 
@@ -180,8 +181,9 @@ KC_TILES_HD constexpr AttentionBwdTiles SelectAttentionBwdTiles(int arch, int he
   if ((head_dim_qk != 64 && head_dim_qk != 128) || (head_dim_v != 64 && head_dim_v != 128)) {
     return zero;
   }
-  const AttentionBwdTiles t{64, 64, 4, AttentionBwdDkdvSmemBytes(64, 64, head_dim_qk, head_dim_v),
-                            AttentionBwdDqSmemBytes(64, 64, head_dim_qk, head_dim_v)};
+  const AttentionBwdTiles t{64, 128, 8,
+                            AttentionBwdDkdvSmemBytes(64, 128, head_dim_qk, head_dim_v),
+                            AttentionBwdDqSmemBytes(64, 128, head_dim_qk, head_dim_v)};
   const int limit = AttentionMaxSmemPerBlock(arch);
   return t.smem_dkdv <= limit && t.smem_dq <= limit ? t : zero;
 }
