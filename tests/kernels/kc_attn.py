@@ -100,7 +100,8 @@ def bwd_smem_dkdv(bm, bn, dqk, dv):
 
 
 def bwd_smem_dq(bm, bn, dqk, dv):
-    return bm * (dqk + dv) * 2 + 2 * bn * (dqk + dv) * 2 + bm * 16 + 4 * BWD_MAX_LIST + 16
+    # The dQ kernel owns bn query rows and steps over bm keys.
+    return bn * (dqk + dv) * 2 + 2 * bm * (dqk + dv) * 2 + bn * 16 + 4 * BWD_MAX_LIST + 16
 
 
 def select_bwd_tiles(arch, dqk, dv, sm90a=False):
@@ -109,9 +110,9 @@ def select_bwd_tiles(arch, dqk, dv, sm90a=False):
     limit = _SMEM_LIMIT.get(arch, 0)
     if limit == 0 or dqk not in (64, 128) or dv not in (64, 128):
         return None
-    if bwd_smem_dkdv(64, 64, dqk, dv) > limit or bwd_smem_dq(64, 64, dqk, dv) > limit:
+    if bwd_smem_dkdv(64, 128, dqk, dv) > limit or bwd_smem_dq(64, 128, dqk, dv) > limit:
         return None
-    return (64, 64, 4)
+    return (64, 128, 8)
 
 
 def _probe_values(exprs):
@@ -638,7 +639,7 @@ class BackwardLaunch:
         out.append(("kcache_attn_bwd_dkdv", (-(-Lkv // k.bwd_block_n), Hkv, B), k.bwd_threads,
                     k.smem_dkdv))
         if "kcache_attn_bwd_dq" in k.bwd:
-            out.append(("kcache_attn_bwd_dq", (-(-Lq // k.bwd_block_m), Hq, B), k.bwd_threads,
+            out.append(("kcache_attn_bwd_dq", (-(-Lq // k.bwd_block_n), Hq, B), k.bwd_threads,
                         k.smem_dq))
         else:
             out.append(("kcache_attn_bwd_dq_convert", aux, BWD_AUX_THREADS, 0))
