@@ -1,8 +1,9 @@
-// Code generation for attention specs: the prelude and entry points, the
-// lowering of expressions, and real NVRTC compiles of the generated
-// translation units for a representative set of variants (the full
-// cross-product with KCACHE_ATTENTION_FULL_MATRIX=1). NVRTC tests skip
-// themselves when NVRTC cannot be loaded; no GPU is needed.
+// Code generation for attention specs: the prelude and entry points
+// (forward and backward), the lowering of expressions and of
+// kc_expr_score_grad, and real NVRTC compiles of the generated translation
+// units for a representative set of forward variants and a covering set of
+// backward ones (the full cross-products with KCACHE_ATTENTION_FULL_MATRIX=1).
+// NVRTC tests skip themselves when NVRTC cannot be loaded; no GPU is needed.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
