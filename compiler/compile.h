@@ -4,6 +4,7 @@
 #pragma once
 
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -12,7 +13,17 @@
 
 namespace kcache {
 
-// One NVRTC compile. The toolchain's canonical options (CanonicalNvrtcOptions
+// A kernel another compiler produced, compiled as is (compiler/raw_compile.h):
+// LLVM IR through LLVM's NVPTX backend to PTX, PTX through nvJitLink.
+// Values match kcache.v1.RawKernel.Format.
+enum class RawFormat { kLlvmIr = 1, kLlvmBitcode = 2, kPtx = 3 };
+struct RawSource {
+  RawFormat format = RawFormat::kPtx;
+  std::string bytes;
+  std::vector<std::string> kernel_names;  // entry points that must be in it
+};
+
+// One NVRTC compile (or, with `raw` set, one raw-kernel compile). The toolchain's canonical options (CanonicalNvrtcOptions
 // in compiler/nvrtc.h) and `--gpu-architecture=<arch>` are always added;
 // `extra_options` come after them and are NOT part of the toolchain
 // fingerprint: a caller that uses them must fold them into its cache key.
@@ -24,6 +35,11 @@ struct CompileInput {
   std::map<std::string, std::string> headers;
   std::string arch;  // "sm_80", "sm_86", "sm_89", "sm_90", "sm_90a", ...
   std::vector<std::string> extra_options;
+  // Set: a raw kernel for `arch`; source, program_name, headers and
+  // extra_options are then unused. Only WorkerPool and the worker handle it
+  // (InProcessCompiler answers Unimplemented): raw input is code, and LLVM
+  // may abort on it, so it only ever runs in a worker process.
+  std::optional<RawSource> raw;
 };
 
 // Per-kernel figures from ptxas's verbose report (--ptxas-options=-v). The

@@ -257,6 +257,10 @@ absl::StatusOr<std::string> Nvrtc::LibraryPath() const {
 
 absl::StatusOr<CompileOutput> Nvrtc::Compile(const CompileInput& input,
                                              absl::Time deadline) const {
+  if (input.raw.has_value()) {
+    return absl::UnimplementedError(
+        "raw kernels compile only in kcache-compile-worker (compiler/raw_compile.h), not NVRTC");
+  }
   if (absl::Status s = ValidateArch(input.arch); !s.ok()) return s;
   if (input.source.empty()) return absl::InvalidArgumentError("source: empty");
   for (const std::string& opt : input.extra_options) {

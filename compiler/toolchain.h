@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "compiler/nvjitlink.h"
 #include "compiler/nvrtc.h"
 #include "kcache/v1/record.pb.h"
 
@@ -32,5 +33,13 @@ v1::Toolchain MakeToolchain(std::string compiler, std::string version, std::stri
 // (a few hundred ms): call it once at start. Unavailable when NVRTC cannot be
 // loaded; Internal when its file cannot be read.
 absl::StatusOr<v1::Toolchain> NvrtcToolchain(const Nvrtc& nvrtc);
+
+// The fingerprint of the raw-kernel path (compiler/raw_compile.h): compiler
+// "llvm-nvptx+nvjitlink", version "llvm <X.Y.Z> nvjitlink <M.m>" (llvm "none"
+// when built without LLVM), build "sha256:<hex>" of the nvJitLink library
+// file, options: the NVPTX codegen settings then CanonicalNvJitLinkOptions().
+// Its id differs from the NVRTC toolchain's, so raw entries live under a key
+// prefix of their own. Unavailable when nvJitLink cannot be loaded.
+absl::StatusOr<v1::Toolchain> RawToolchain(const NvJitLink& linker);
 
 }  // namespace kcache

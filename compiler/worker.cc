@@ -16,6 +16,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/strip.h"
 #include "absl/strings/str_cat.h"
+#include "compiler/nvjitlink.h"
 #include "compiler/nvrtc.h"
 
 namespace kcache::worker {
@@ -117,6 +118,12 @@ CompileRequest ToRequest(const CompileInput& input, absl::Time deadline) {
   r.set_arch(input.arch);
   for (const std::string& o : input.extra_options) r.add_extra_options(o);
   if (deadline != absl::InfiniteFuture()) r.set_deadline_unix_us(absl::ToUnixMicros(deadline));
+  if (input.raw.has_value()) {
+    RawSource* raw = r.mutable_raw();
+    raw->set_format(static_cast<int>(input.raw->format));
+    raw->set_source(input.raw->bytes);
+    for (const std::string& n : input.raw->kernel_names) raw->add_kernel_names(n);
+  }
   return r;
 }
 
@@ -127,6 +134,13 @@ CompileInput FromRequest(const CompileRequest& r, absl::Time* deadline) {
   for (const Header& h : r.headers()) in.headers[h.name()] = h.contents();
   in.arch = r.arch();
   in.extra_options.assign(r.extra_options().begin(), r.extra_options().end());
+  if (r.has_raw()) {
+    kcache::RawSource raw;
+    raw.format = static_cast<RawFormat>(r.raw().format());
+    raw.bytes = r.raw().source();
+    raw.kernel_names.assign(r.raw().kernel_names().begin(), r.raw().kernel_names().end());
+    in.raw = std::move(raw);
+  }
   *deadline = r.deadline_unix_us() == 0 ? absl::InfiniteFuture()
                                         : absl::FromUnixMicros(r.deadline_unix_us());
   return in;
@@ -184,6 +198,11 @@ int Serve(const ServeOptions& options) {
     }
   }).detach();
   Nvrtc nvrtc(options.nvrtc_path);
+  NvJitLink linker(options.nvjitlink_path);
+  RawCompileOptions raw_options;
+  raw_options.linker = &linker;
+  raw_options.ir_to_ptx = options.ir_to_ptx;
+  raw_options.enable_test_faults = options.enable_raw_test_faults;
   for (;;) {
     absl::StatusOr<std::string> frame = ReadFrame(options.fd);
     if (!frame.ok()) return absl::IsNotFound(frame.status()) ? 0 : 1;
@@ -208,7 +227,11 @@ int Serve(const ServeOptions& options) {
         }
       }
     }
-    const CompileResponse response = ToResponse(nvrtc.Compile(input, deadline));
+    // LLVM and nvJitLink have no cancellation: the pool kills this process
+    // at the deadline instead.
+    const CompileResponse response =
+        ToResponse(input.raw.has_value() ? CompileRaw(*input.raw, input.arch, raw_options)
+                                         : nvrtc.Compile(input, deadline));
     std::string bytes;
     if (!response.SerializeToString(&bytes)) return 1;
     if (!WriteFrame(options.fd, bytes).ok()) return 1;
@@ -225,11 +248,17 @@ absl::StatusOr<ServeOptions> ParseWorkerArgs(int argc, char** argv) {
       }
     } else if (absl::ConsumePrefix(&a, "--nvrtc=")) {
       o.nvrtc_path = std::string(a);
+    } else if (absl::ConsumePrefix(&a, "--nvjitlink=")) {
+      o.nvjitlink_path = std::string(a);
     } else if (a == "--enable-test-faults") {
       o.enable_test_faults = true;
+      o.enable_raw_test_faults = true;
     } else {
       return absl::InvalidArgumentError(absl::StrCat("unknown argument: ", argv[i]));
     }
+  }
+  if (const char* f = getenv("KCACHE_TEST_RAW_FAULTS"); f != nullptr && std::string(f) == "1") {
+    o.enable_raw_test_faults = true;
   }
   return o;
 }

@@ -9,6 +9,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "compiler/compile.h"
+#include "compiler/raw_compile.h"
 #include "compiler/worker.pb.h"
 
 namespace kcache::worker {
@@ -35,10 +36,19 @@ absl::StatusOr<CompileOutput> FromResponse(const CompileResponse& response);
 struct ServeOptions {
   int fd = 3;               // the socket to the pool
   std::string nvrtc_path;   // empty: Nvrtc's default search
+  std::string nvjitlink_path;  // empty: NvJitLink's default search
+  // LLVM IR -> PTX for raw kernels; set by kcache-compile-worker's main when
+  // built with LLVM. Null: LLVM IR requests answer Unimplemented.
+  IrToPtxFn ir_to_ptx = nullptr;
   // Tests only: honour the extra options "kcache-test-crash" (abort()) and
   // "kcache-test-hang" (block forever). Off in production: then they reach
   // NVRTC, which rejects them as unknown options.
   bool enable_test_faults = false;
+  // Tests only: raw kernels named "kcache_test_llvm_fatal" make LLVM abort
+  // (IrToPtxOptions::enable_test_faults). Set by --enable-test-faults or by
+  // KCACHE_TEST_RAW_FAULTS=1 in the environment (which the daemon's workers
+  // inherit, so an end-to-end test can reach it through kcached).
+  bool enable_raw_test_faults = false;
 };
 
 // Serves compile requests on `options.fd` until the pool closes it. Returns
@@ -46,7 +56,7 @@ struct ServeOptions {
 int Serve(const ServeOptions& options);
 
 // Parses kcache-compile-worker's arguments: --fd=N, --nvrtc=PATH,
-// --enable-test-faults. InvalidArgument naming the bad argument.
+// --nvjitlink=PATH, --enable-test-faults; reads KCACHE_TEST_RAW_FAULTS. InvalidArgument naming the bad argument.
 absl::StatusOr<ServeOptions> ParseWorkerArgs(int argc, char** argv);
 
 }  // namespace kcache::worker

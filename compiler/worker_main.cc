@@ -1,8 +1,13 @@
 // kcache-compile-worker: one isolated NVRTC compiler process, started and
 // reused by WorkerPool (compiler/worker_pool.h). Not meant to be run by hand.
+// Built with LLVM (KCACHE_WORKER_WITH_LLVM) it also compiles raw LLVM IR;
+// the static build leaves LLVM out and answers those Unimplemented.
 #include <cstdio>
 
 #include "compiler/worker.h"
+#ifdef KCACHE_WORKER_WITH_LLVM
+#include "compiler/llvm_nvptx.h"
+#endif
 
 int main(int argc, char** argv) {
   absl::StatusOr<kcache::worker::ServeOptions> options = kcache::worker::ParseWorkerArgs(argc, argv);
@@ -10,5 +15,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "kcache-compile-worker: %s\n", options.status().ToString().c_str());
     return 2;
   }
+#ifdef KCACHE_WORKER_WITH_LLVM
+  options->ir_to_ptx = &kcache::LlvmIrToPtx;
+#endif
   return kcache::worker::Serve(*options);
 }

@@ -110,6 +110,9 @@ absl::StatusOr<std::unique_ptr<WorkerPool::Worker>> WorkerPool::Spawn() const {
 
   std::vector<std::string> args = {worker_path_, "--fd=3"};
   if (!options_.nvrtc_path.empty()) args.push_back("--nvrtc=" + options_.nvrtc_path);
+  if (!options_.nvjitlink_path.empty()) {
+    args.push_back("--nvjitlink=" + options_.nvjitlink_path);
+  }
   if (options_.enable_test_faults) args.push_back("--enable-test-faults");
   std::vector<char*> argv;
   for (std::string& a : args) argv.push_back(a.data());

@@ -28,6 +28,7 @@ struct WorkerPoolOptions {
   // daemon and the worker are installed side by side).
   std::string worker_path;
   std::string nvrtc_path;  // passed to the worker; empty = default search
+  std::string nvjitlink_path;  // likewise, for raw kernels
   int max_workers = 2;
   // Tests only: start workers with --enable-test-faults (see worker.h).
   bool enable_test_faults = false;

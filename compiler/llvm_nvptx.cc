@@ -1,0 +1,170 @@
+// LLVM IR -> PTX (see llvm_nvptx.h).
+#include "compiler/llvm_nvptx.h"
+
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "llvm/ADT/SmallString.h"
+#include "llvm/Config/llvm-config.h"
+#include "llvm/IR/CallingConv.h"
+#include "llvm/IR/Constants.h"
+#include "llvm/IR/LLVMContext.h"
+#include "llvm/IR/LegacyPassManager.h"
+#include "llvm/IR/Metadata.h"
+#include "llvm/IR/Module.h"
+#include "llvm/IR/Verifier.h"
+#include "llvm/IRReader/IRReader.h"
+#include "llvm/MC/MCSubtargetInfo.h"
+#include "llvm/MC/TargetRegistry.h"
+#include "llvm/Support/ErrorHandling.h"
+#include "llvm/Support/MemoryBuffer.h"
+#include "llvm/Support/SourceMgr.h"
+#include "llvm/Support/raw_ostream.h"
+#include "llvm/Target/TargetMachine.h"
+#include "llvm/Target/TargetOptions.h"
+#include "llvm/TargetParser/Triple.h"
+
+extern "C" {
+void LLVMInitializeNVPTXTargetInfo();
+void LLVMInitializeNVPTXTarget();
+void LLVMInitializeNVPTXTargetMC();
+void LLVMInitializeNVPTXAsmPrinter();
+}
+
+namespace kcache {
+namespace {
+
+constexpr char kTriple[] = "nvptx64-nvidia-cuda";
+
+void InitNvptxOnce() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    LLVMInitializeNVPTXTargetInfo();
+    LLVMInitializeNVPTXTarget();
+    LLVMInitializeNVPTXTargetMC();
+    LLVMInitializeNVPTXAsmPrinter();
+  });
+}
+
+std::string ToString(const llvm::SMDiagnostic& d) {
+  std::string s;
+  llvm::raw_string_ostream os(s);
+  d.print("raw.source", os, /*ShowColors=*/false);
+  return os.str();
+}
+
+// Functions named kernels by the legacy !nvvm.annotations metadata.
+std::set<const llvm::Function*> AnnotatedKernels(const llvm::Module& m) {
+  std::set<const llvm::Function*> out;
+  const llvm::NamedMDNode* md = m.getNamedMetadata("nvvm.annotations");
+  if (md == nullptr) return out;
+  for (const llvm::MDNode* node : md->operands()) {
+    // {ptr @f, !"kernel", i32 1, ...}: key/value pairs after the function.
+    if (node->getNumOperands() < 3) continue;
+    auto* fn = llvm::mdconst::dyn_extract_or_null<llvm::Function>(node->getOperand(0));
+    if (fn == nullptr) continue;
+    for (unsigned i = 1; i + 1 < node->getNumOperands(); i += 2) {
+      auto* key = llvm::dyn_cast_or_null<llvm::MDString>(node->getOperand(i));
+      auto* value = llvm::mdconst::dyn_extract_or_null<llvm::ConstantInt>(node->getOperand(i + 1));
+      if (key && value && key->getString() == "kernel" && value->isOne()) out.insert(fn);
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string LlvmVersionString() { return LLVM_VERSION_STRING; }
+
+absl::StatusOr<std::string> LlvmIrToPtx(absl::string_view ir, const IrToPtxOptions& options) {
+  InitNvptxOnce();
+  if (ir.empty()) return absl::InvalidArgumentError("raw.source: empty");
+  const bool looks_bitcode = ir.size() >= 4 && ir.substr(0, 4) == absl::string_view("BC\xC0\xDE", 4);
+  if (options.bitcode != looks_bitcode) {
+    return absl::InvalidArgumentError(
+        options.bitcode ? "raw.source: FORMAT_LLVM_BITCODE, but the bytes do not start with the "
+                          "bitcode magic 'BC' 0xC0DE"
+                        : "raw.source: FORMAT_LLVM_IR (text), but the bytes are LLVM bitcode");
+  }
+  // Textual IR: LLVM's parser wants a NUL-terminated buffer.
+  std::unique_ptr<llvm::MemoryBuffer> buffer = llvm::MemoryBuffer::getMemBufferCopy(
+      llvm::StringRef(ir.data(), ir.size()), "raw.source");
+  llvm::LLVMContext context;
+  llvm::SMDiagnostic diag;
+  std::unique_ptr<llvm::Module> module = llvm::parseIR(buffer->getMemBufferRef(), diag, context);
+  if (module == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("raw.source: LLVM cannot parse it: ", ToString(diag)));
+  }
+  {
+    std::string errors;
+    llvm::raw_string_ostream os(errors);
+    if (llvm::verifyModule(*module, &os)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("raw.source: the LLVM IR verifier rejects it: ", os.str()));
+    }
+  }
+  const std::string module_triple = module->getTargetTriple();
+  if (!module_triple.empty() && llvm::Triple(module_triple).getArch() != llvm::Triple::nvptx64) {
+    return absl::InvalidArgumentError(absl::StrCat("raw.source: target triple \"", module_triple,
+                                                   "\" is not ", kTriple));
+  }
+  module->setTargetTriple(kTriple);
+
+  const std::set<const llvm::Function*> annotated = AnnotatedKernels(*module);
+  for (size_t i = 0; i < options.kernel_names.size(); ++i) {
+    const std::string& name = options.kernel_names[i];
+    const llvm::Function* f = module->getFunction(name);
+    if (f == nullptr || f->isDeclaration()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("raw.kernel_names[", i, "]: no function \"", name, "\" is defined in the IR"));
+    }
+    if (f->getCallingConv() != llvm::CallingConv::PTX_Kernel && !annotated.count(f)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "raw.kernel_names[", i, "]: \"", name,
+          "\" is not a kernel (give it the ptx_kernel calling convention or an "
+          "!nvvm.annotations \"kernel\" entry)"));
+    }
+    if (options.enable_test_faults && name == "kcache_test_llvm_fatal") {
+      // Test hook (KCACHE_TEST_RAW_FAULTS=1 only): LLVM's own abort path.
+      llvm::report_fatal_error("kcache test fault: LLVM fatal error requested", true);
+    }
+  }
+
+  std::string error;
+  const llvm::Target* target = llvm::TargetRegistry::lookupTarget(kTriple, error);
+  if (target == nullptr) {
+    return absl::InternalError(absl::StrCat("LLVM has no NVPTX target: ", error));
+  }
+  {
+    std::unique_ptr<llvm::MCSubtargetInfo> sti(
+        target->createMCSubtargetInfo(kTriple, options.arch, ""));
+    if (sti == nullptr || !sti->isCPUStringValid(options.arch)) {
+      return absl::InvalidArgumentError(absl::StrCat("target.arch: LLVM ", LLVM_VERSION_STRING,
+                                                     "'s NVPTX backend does not know \"",
+                                                     options.arch, "\""));
+    }
+  }
+  llvm::TargetOptions target_options;
+  std::unique_ptr<llvm::TargetMachine> machine(target->createTargetMachine(
+      kTriple, options.arch, "", target_options, std::nullopt, std::nullopt,
+      llvm::CodeGenOptLevel::Aggressive));
+  if (machine == nullptr) {
+    return absl::InternalError(absl::StrCat("LLVM could not create an NVPTX target machine for ",
+                                            options.arch));
+  }
+  if (module->getDataLayoutStr().empty()) module->setDataLayout(machine->createDataLayout());
+
+  llvm::SmallString<0> ptx;
+  llvm::raw_svector_ostream out(ptx);
+  llvm::legacy::PassManager passes;
+  if (machine->addPassesToEmitFile(passes, out, nullptr, llvm::CodeGenFileType::AssemblyFile)) {
+    return absl::InternalError("LLVM's NVPTX target cannot emit PTX");
+  }
+  passes.run(*module);
+  return std::string(ptx.str());
+}
+
+}  // namespace kcache

@@ -1,0 +1,47 @@
+// LLVM IR (text or bitcode) -> PTX through LLVM's own NVPTX backend. The one
+// place kcache calls into LLVM's IR and code generator; every LLVM error
+// (parse diagnostics, verifier output, target lookup) becomes an absl::Status
+// here and nowhere else. Runs inside kcache-compile-worker: LLVM aborts on
+// some inputs (report_fatal_error), and the worker process is what contains
+// that. Only built with KCACHE_WITH_LLVM (compiler/CMakeLists.txt).
+//
+// Thread-safety: LlvmIrToPtx may be called from several threads (each call
+// has its own LLVMContext); target registration happens once.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace kcache {
+
+// The LLVM release linked in, e.g. "19.1.7".
+std::string LlvmVersionString();
+
+struct IrToPtxOptions {
+  bool bitcode = false;  // the bytes are bitcode (else textual IR)
+  std::string arch;      // "sm_80", "sm_90a", ...: the NVPTX processor
+  // Each must be a defined function of the module marked as a kernel
+  // (ptx_kernel calling convention or !nvvm.annotations "kernel").
+  std::vector<std::string> kernel_names;
+  // Tests only (the worker sets it from KCACHE_TEST_RAW_FAULTS=1): a kernel
+  // named "kcache_test_llvm_fatal" makes LLVM's report_fatal_error abort the
+  // process, standing in for an input that crashes LLVM.
+  bool enable_test_faults = false;
+};
+
+// Parses, verifies (llvm::verifyModule) and compiles `ir` to PTX for the
+// triple nvptx64-nvidia-cuda and processor `options.arch` at -O3 codegen;
+// the PTX ISA version is the least the processor needs (LLVM's choice per
+// processor: 8.0 for sm_90a). Errors:
+//   InvalidArgument   "raw.source: ..." with LLVM's parse diagnostic or the
+//                     verifier's message; a triple other than nvptx64;
+//                     "raw.kernel_names[i]: ..." for a missing or non-kernel
+//                     function; "target.arch: ..." for a processor LLVM's
+//                     NVPTX backend does not know;
+//   Internal          code generation failed without aborting.
+absl::StatusOr<std::string> LlvmIrToPtx(absl::string_view ir, const IrToPtxOptions& options);
+
+}  // namespace kcache

@@ -1,0 +1,189 @@
+// The raw-kernel compile (compiler/raw_compile.h) in process, with the real
+// LLVM NVPTX backend and nvJitLink (CPU only): committed IR, bitcode and PTX
+// fixtures become cubins for sm_80 and sm_90a, whose kernels the cubin reader
+// (compiler/cubin_elf.h) lists with the registers ptxas reported.
+#include "compiler/raw_compile.h"
+
+#include <fstream>
+#include <sstream>
+
+#include "compiler/cubin_elf.h"
+#include "compiler/llvm_nvptx.h"
+#include "compiler/nvjitlink.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/cache/test_util.h"
+
+namespace kcache {
+namespace {
+
+using ::kcache::testing::StatusIs;
+using ::testing::HasSubstr;
+
+std::string Fixture(const std::string& name) {
+  std::ifstream in(std::string(KCACHE_RAW_FIXTURES) + "/" + name, std::ios::binary);
+  EXPECT_TRUE(in) << name;
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+class RawCompileTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  RawCompileOptions Options() {
+    RawCompileOptions o;
+    o.linker = &linker_;
+    o.ir_to_ptx = &LlvmIrToPtx;
+    return o;
+  }
+  NvJitLink linker_;
+};
+
+RawSource Source(RawFormat format, const std::string& file, std::vector<std::string> names) {
+  return RawSource{format, Fixture(file), std::move(names)};
+}
+
+void ExpectKernels(const CompileOutput& out, const std::string& arch,
+                   const std::vector<std::string>& names) {
+  auto info = ReadCubin(out.cubin);
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->arch, arch);
+  for (const std::string& n : names) {
+    const CubinKernel* k = nullptr;
+    for (const CubinKernel& c : info->kernels) {
+      if (c.name == n) k = &c;
+    }
+    ASSERT_NE(k, nullptr) << n;
+    EXPECT_TRUE(k->entry) << n;
+    EXPECT_GT(k->code_bytes, 0) << n;
+    EXPECT_GT(k->registers, 0) << n;
+    // The ELF's register count is what ptxas reported.
+    bool reported = false;
+    for (const KernelReport& r : out.kernels) {
+      if (r.name == n) {
+        reported = true;
+        EXPECT_EQ(k->registers, r.registers) << n;
+        // From sm_90 on the section also holds the driver's reserved 1 KiB.
+        EXPECT_EQ(k->static_smem_bytes, r.static_smem_bytes + (arch >= "sm_90" && r.static_smem_bytes > 0 ? 1024 : 0)) << n;
+      }
+    }
+    EXPECT_TRUE(reported) << n << " not in the ptxas report:\n" << out.log;
+  }
+}
+
+TEST_P(RawCompileTest, LlvmIrText) {
+  auto out = CompileRaw(Source(RawFormat::kLlvmIr, "vadd.ll", {"kc_vadd"}), GetParam(), Options());
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_THAT(out->log, HasSubstr("LLVM 19"));
+  ExpectKernels(*out, GetParam(), {"kc_vadd"});
+}
+
+TEST_P(RawCompileTest, LlvmBitcode) {
+  auto out =
+      CompileRaw(Source(RawFormat::kLlvmBitcode, "vadd.bc", {"kc_vadd"}), GetParam(), Options());
+  ASSERT_TRUE(out.ok()) << out.status();
+  ExpectKernels(*out, GetParam(), {"kc_vadd"});
+}
+
+TEST_P(RawCompileTest, AnnotatedKernelsWithSharedMemory) {
+  auto out = CompileRaw(Source(RawFormat::kLlvmIr, "block_sum.ll", {"kc_block_sum", "kc_scale"}),
+                        GetParam(), Options());
+  ASSERT_TRUE(out.ok()) << out.status();
+  ExpectKernels(*out, GetParam(), {"kc_block_sum", "kc_scale"});
+  auto info = ReadCubin(out->cubin);
+  ASSERT_TRUE(info.ok());
+  for (const CubinKernel& k : info->kernels) {
+    if (k.name == "kc_block_sum") {
+      EXPECT_EQ(k.static_smem_bytes, GetParam() == "sm_80" ? 1024 : 2048);
+    }
+  }
+}
+
+TEST_P(RawCompileTest, Ptx) {
+  auto out = CompileRaw(Source(RawFormat::kPtx, "vadd.ptx", {"kc_vadd_ptx"}), GetParam(), Options());
+  ASSERT_TRUE(out.ok()) << out.status();
+  ExpectKernels(*out, GetParam(), {"kc_vadd_ptx"});
+}
+
+INSTANTIATE_TEST_SUITE_P(Archs, RawCompileTest, ::testing::Values("sm_80", "sm_90", "sm_90a"));
+
+TEST(RawCompile, VerifierRejectsMalformedIr) {
+  NvJitLink linker;
+  RawCompileOptions o{&linker, &LlvmIrToPtx, false};
+  auto out = CompileRaw(
+      RawSource{RawFormat::kLlvmIr, Fixture("malformed_verifier.ll"), {"kc_bad"}}, "sm_80", o);
+  EXPECT_THAT(out.status(), StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(out.status().message(), HasSubstr("verifier"));
+  EXPECT_THAT(out.status().message(), HasSubstr("does not dominate all uses"));
+}
+
+TEST(RawCompile, ParseErrorIsInvalidArgumentWithLocation) {
+  NvJitLink linker;
+  RawCompileOptions o{&linker, &LlvmIrToPtx, false};
+  auto out = CompileRaw(RawSource{RawFormat::kLlvmIr, "define void @f( {", {"f"}}, "sm_80", o);
+  EXPECT_THAT(out.status(), StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(out.status().message(), HasSubstr("raw.source:1:"));
+}
+
+TEST(RawCompile, MissingOrNonKernelNamesAreRefused) {
+  NvJitLink linker;
+  RawCompileOptions o{&linker, &LlvmIrToPtx, false};
+  auto missing = CompileRaw(Source(RawFormat::kLlvmIr, "vadd.ll", {"nope"}), "sm_80", o);
+  EXPECT_THAT(missing.status(), StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(missing.status().message(), HasSubstr("raw.kernel_names[0]"));
+  const std::string device_fn =
+      "target triple = \"nvptx64-nvidia-cuda\"\ndefine void @f() {\n  ret void\n}\n";
+  auto not_kernel = CompileRaw(RawSource{RawFormat::kLlvmIr, device_fn, {"f"}}, "sm_80", o);
+  EXPECT_THAT(not_kernel.status(), StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(not_kernel.status().message(), HasSubstr("not a kernel"));
+  auto ptx = CompileRaw(Source(RawFormat::kPtx, "vadd.ptx", {"kc_vadd"}), "sm_80", o);
+  EXPECT_THAT(ptx.status(), StatusIs(absl::StatusCode::kInvalidArgument));
+}
+
+TEST(RawCompile, WrongFormatTripleAndArchAreRefused) {
+  NvJitLink linker;
+  RawCompileOptions o{&linker, &LlvmIrToPtx, false};
+  auto bc_as_text = CompileRaw(Source(RawFormat::kLlvmIr, "vadd.bc", {"kc_vadd"}), "sm_80", o);
+  EXPECT_THAT(bc_as_text.status(), StatusIs(absl::StatusCode::kInvalidArgument));
+  auto text_as_bc = CompileRaw(Source(RawFormat::kLlvmBitcode, "vadd.ll", {"kc_vadd"}), "sm_80", o);
+  EXPECT_THAT(text_as_bc.status(), StatusIs(absl::StatusCode::kInvalidArgument));
+  const std::string x86 =
+      "target triple = \"x86_64-pc-linux-gnu\"\ndefine void @f() {\n  ret void\n}\n";
+  auto triple = CompileRaw(RawSource{RawFormat::kLlvmIr, x86, {"f"}}, "sm_80", o);
+  EXPECT_THAT(triple.status(), StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(triple.status().message(), HasSubstr("x86_64"));
+  auto arch = CompileRaw(Source(RawFormat::kLlvmIr, "vadd.ll", {"kc_vadd"}), "sm_99", o);
+  EXPECT_THAT(arch.status(), StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(arch.status().message(), HasSubstr("target.arch"));
+}
+
+TEST(RawCompile, WithoutLlvmIrIsUnimplementedButPtxWorks) {
+  NvJitLink linker;
+  RawCompileOptions o{&linker, nullptr, false};
+  auto ir = CompileRaw(Source(RawFormat::kLlvmIr, "vadd.ll", {"kc_vadd"}), "sm_80", o);
+  EXPECT_THAT(ir.status(), StatusIs(absl::StatusCode::kUnimplemented));
+  EXPECT_THAT(ir.status().message(), HasSubstr("KCACHE_WITH_LLVM"));
+  auto ptx = CompileRaw(Source(RawFormat::kPtx, "vadd.ptx", {"kc_vadd_ptx"}), "sm_80", o);
+  EXPECT_TRUE(ptx.ok()) << ptx.status();
+}
+
+TEST(RawCompile, ValidateRawSource) {
+  EXPECT_THAT(ValidateRawSource({RawFormat::kPtx, "x", {}}),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(ValidateRawSource({RawFormat::kPtx, "", {"k"}}),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(ValidateRawSource({RawFormat::kPtx, "x", {"k", "k"}}),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(ValidateRawSource({RawFormat::kPtx, "x", {"a b"}}),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(ValidateRawSource({static_cast<RawFormat>(9), "x", {"k"}}),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_TRUE(ValidateRawSource({RawFormat::kPtx, "x", {"k", "_Z3fooPf", "a$b.c"}}).ok());
+}
+
+TEST(CubinElf, RefusesNonElf) {
+  EXPECT_THAT(ReadCubin("not an elf").status(), StatusIs(absl::StatusCode::kInvalidArgument));
+}
+
+}  // namespace
+}  // namespace kcache
