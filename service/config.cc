@@ -29,6 +29,8 @@ v1::DaemonConfig DefaultDaemonConfig() {
   c.set_max_expr_depth(32);
   c.set_shutdown_grace_ms(30000);
   c.set_eviction_interval_ms(60000);
+  c.set_max_raw_source_bytes(16u << 20);
+  c.set_max_raw_kernel_names(64);
   return c;
 }
 
@@ -139,6 +141,13 @@ absl::Status ValidateDaemonConfig(const v1::DaemonConfig& c) {
   if (c.max_queue_depth() == 0) return absl::InvalidArgumentError("max_queue_depth: must be > 0");
   if (c.max_store_bytes() > 0 && c.eviction_interval_ms() == 0) {
     return absl::InvalidArgumentError("eviction_interval_ms: must be > 0 with max_store_bytes");
+  }
+  if (c.enable_raw_kernels() && c.admin_token_path().empty()) {
+    return absl::InvalidArgumentError(
+        "enable_raw_kernels: needs admin_token_path (raw kernels are code: admin-token only)");
+  }
+  if (c.enable_raw_kernels() && (c.max_raw_source_bytes() == 0 || c.max_raw_kernel_names() == 0)) {
+    return absl::InvalidArgumentError("max_raw_source_bytes and max_raw_kernel_names: must be > 0");
   }
   if (c.max_message_bytes() < 4096 || c.max_message_bytes() > (1u << 30)) {
     return absl::InvalidArgumentError("max_message_bytes: must be between 4096 and 1 GiB");

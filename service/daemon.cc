@@ -42,6 +42,7 @@ struct Daemon::Impl {
   ServingState state;
   std::unique_ptr<Store> store;
   std::unique_ptr<Nvrtc> nvrtc;
+  std::unique_ptr<NvJitLink> nvjitlink;  // only with enable_raw_kernels
   std::unique_ptr<CudaDevices> devices;
   std::unique_ptr<WorkerPool> workers;
   std::unique_ptr<Scheduler> scheduler;
@@ -155,10 +156,33 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const v1::DaemonConfig& co
     toolchain_status = tc.status();
   }
 
+  // Raw kernels: only when enabled (their fingerprint reads the ~100 MB
+  // nvJitLink library). A missing nvJitLink leaves attention kernels alone.
+  v1::Toolchain raw_toolchain;
+  absl::Status raw_toolchain_status = absl::FailedPreconditionError(
+      "raw kernels are disabled (enable_raw_kernels)");
+  std::string raw_token;
+  if (c.enable_raw_kernels()) {
+    auto token = ReadFile(c.admin_token_path(), "admin_token_path");
+    if (!token.ok()) return token.status();
+    raw_token = std::string(absl::StripAsciiWhitespace(*token));
+    if (raw_token.empty()) {
+      return absl::InvalidArgumentError("admin_token_path: the token file is empty");
+    }
+    d->nvjitlink = std::make_unique<NvJitLink>(c.nvjitlink_path());
+    if (auto tc = RawToolchain(*d->nvjitlink); tc.ok()) {
+      raw_toolchain = *tc;
+      raw_toolchain_status = absl::OkStatus();
+    } else {
+      raw_toolchain_status = tc.status();
+    }
+  }
+
   d->devices = CudaDevices::Open();
   WorkerPoolOptions wo;
   wo.worker_path = c.worker_path();
   wo.nvrtc_path = c.nvrtc_path();
+  wo.nvjitlink_path = c.nvjitlink_path();
   unsigned cores = std::max(1u, std::thread::hardware_concurrency());
   int threads = c.compile_threads() ? static_cast<int>(c.compile_threads()) : static_cast<int>(cores);
   wo.max_workers = c.compile_workers() ? static_cast<int>(c.compile_workers()) : threads;
@@ -177,6 +201,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const v1::DaemonConfig& co
   deps.devices = d->devices.get();
   deps.toolchain = toolchain;
   deps.toolchain_status = toolchain_status;
+  deps.raw_toolchain = raw_toolchain;
+  deps.raw_toolchain_status = raw_toolchain_status;
   deps.config = c;
   deps.metrics = &d->metrics;
   d->backend = std::make_unique<KernelBackend>(std::move(deps));
@@ -203,8 +229,13 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const v1::DaemonConfig& co
 
   // gRPC.
   uint64_t max_spec = std::min<uint64_t>(c.max_message_bytes(), 1u << 20);
+  RawKernelPolicy raw_policy;
+  raw_policy.enabled = c.enable_raw_kernels();
+  raw_policy.token = raw_token;
+  raw_policy.max_source_bytes = c.max_raw_source_bytes();
   d->kernel_service = std::make_unique<KernelServiceImpl>(
-      d->backend.get(), &d->state, max_spec, absl::Milliseconds(c.default_deadline_ms()));
+      d->backend.get(), &d->state, max_spec, absl::Milliseconds(c.default_deadline_ms()),
+      raw_policy);
   d->admin_local = std::make_unique<AdminServiceImpl>(d->store.get(), d->backend.get(), &d->state, "",
                                                       &d->metrics);
   grpc::EnableDefaultHealthCheckService(true);
@@ -244,7 +275,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const v1::DaemonConfig& co
     b.SetMaxReceiveMessageSize(static_cast<int>(c.max_message_bytes()));
     b.SetMaxSendMessageSize(static_cast<int>(c.max_message_bytes()));
     d->kernel_service_tcp = std::make_unique<KernelServiceImpl>(
-        d->backend.get(), &d->state, max_spec, absl::Milliseconds(c.default_deadline_ms()));
+        d->backend.get(), &d->state, max_spec, absl::Milliseconds(c.default_deadline_ms()),
+        raw_policy);
     b.RegisterService(d->kernel_service_tcp.get());
     // Admin over TCP only with TLS and a token; otherwise the Unix socket
     // (and its file mode) is the only way in.
@@ -281,6 +313,16 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const v1::DaemonConfig& co
               << " id " << toolchain.id() << "\n";
   } else {
     std::cerr << "kcached: WARNING: cannot compile: " << toolchain_status.message() << "\n";
+  }
+  if (c.enable_raw_kernels()) {
+    if (raw_toolchain_status.ok()) {
+      std::cerr << "kcached: raw kernels enabled (admin token only): toolchain "
+                << raw_toolchain.compiler() << " " << raw_toolchain.version() << " id "
+                << raw_toolchain.id() << "\n";
+    } else {
+      std::cerr << "kcached: WARNING: raw kernels enabled but cannot compile: "
+                << raw_toolchain_status.message() << "\n";
+    }
   }
   if (!d->backend->compile_only()) {
     for (const DeviceInfo& dev : d->backend->devices()) {

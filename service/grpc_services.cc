@@ -88,6 +88,37 @@ absl::Status KernelServiceImpl::Admit(grpc::ServerContextBase* ctx,
     return absl::InvalidArgumentError(absl::StrCat("spec: ", req.spec().ByteSizeLong(),
                                                    " bytes, over the limit of ", max_spec_bytes_));
   }
+  if (req.has_raw()) return AdmitRaw(ctx, req, "raw");
+  return absl::OkStatus();
+}
+
+absl::Status KernelServiceImpl::AdmitRaw(grpc::ServerContextBase* ctx,
+                                         const v1::GetKernelRequest& req,
+                                         const std::string& field) const {
+  if (!raw_.enabled) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        field, ": raw kernels (LLVM IR / PTX) are disabled on this daemon; an operator can enable "
+               "them with --enable_raw_kernels (admin-token only)"));
+  }
+  // ServerContextBase has no client_metadata(); both context kinds do.
+  const std::multimap<grpc::string_ref, grpc::string_ref>* md = nullptr;
+  if (auto* c = dynamic_cast<grpc::CallbackServerContext*>(ctx)) md = &c->client_metadata();
+  if (auto* c = dynamic_cast<grpc::ServerContext*>(ctx)) md = &c->client_metadata();
+  bool authorized = false;
+  if (md != nullptr) {
+    auto it = md->find("authorization");
+    authorized = it != md->end() && std::string_view(it->second.data(), it->second.size()) ==
+                                        absl::StrCat("Bearer ", raw_.token);
+  }
+  if (!authorized) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        field, ": raw kernels need the admin token (metadata \"authorization: Bearer <token>\")"));
+  }
+  if (req.raw().source().size() > raw_.max_source_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ".source: ", req.raw().source().size(),
+                                                   " bytes, over the limit of ",
+                                                   raw_.max_source_bytes, " (max_raw_source_bytes)"));
+  }
   return absl::OkStatus();
 }
 
@@ -227,6 +258,12 @@ grpc::Status KernelServiceImpl::Prefetch(grpc::ServerContext* ctx, const v1::Pre
       return Reply(ctx, absl::InvalidArgumentError(
                             absl::StrCat("requests[", i, "].spec: over the size limit of ",
                                          max_spec_bytes_, " bytes")));
+    }
+    if (req->requests(i).has_raw()) {
+      if (absl::Status st = AdmitRaw(ctx, req->requests(i), absl::StrCat("requests[", i, "].raw"));
+          !st.ok()) {
+        return Reply(ctx, st);
+      }
     }
   }
   *resp = backend_->Prefetch(*req);

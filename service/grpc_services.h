@@ -32,6 +32,16 @@ struct ServingState {
   std::atomic<bool> abandon_waits{false};
 };
 
+// Who may send raw kernels (GetKernelRequest.raw): nobody unless enabled;
+// then only calls carrying "authorization: Bearer <token>", whichever
+// listener they came in on (raw input is code: the Unix socket's file mode
+// admits every trainer, and that is not enough).
+struct RawKernelPolicy {
+  bool enabled = false;
+  std::string token;              // the admin token; non-empty when enabled
+  uint64_t max_source_bytes = 0;  // RawKernel.source limit
+};
+
 // Register one instance with one server (a callback method's handler is
 // bound to the server that registered it). The destructor waits for the
 // threads of GetKernel calls that were waiting for a compile; destroy the
@@ -40,11 +50,12 @@ class KernelServiceImpl final
     : public v1::KernelService::WithRawCallbackMethod_GetKernel<v1::KernelService::Service> {
  public:
   KernelServiceImpl(KernelBackend* backend, const ServingState* state, uint64_t max_spec_bytes,
-                    absl::Duration default_deadline)
+                    absl::Duration default_deadline, RawKernelPolicy raw = {})
       : backend_(backend),
         state_(state),
         max_spec_bytes_(max_spec_bytes),
-        default_deadline_(default_deadline) {}
+        default_deadline_(default_deadline),
+        raw_(std::move(raw)) {}
   ~KernelServiceImpl() override;
 
   // The base's synchronous GetKernel is disabled (it aborts); this is the
@@ -67,12 +78,18 @@ class KernelServiceImpl final
   };
 
   absl::Status Admit(grpc::ServerContextBase* ctx, const v1::GetKernelRequest& req) const;
+  // For a request with `raw`: FailedPrecondition when raw kernels are off,
+  // PermissionDenied without the admin token, InvalidArgument over the size
+  // limit. `field` prefixes messages ("raw", "requests[2].raw").
+  absl::Status AdmitRaw(grpc::ServerContextBase* ctx, const v1::GetKernelRequest& req,
+                        const std::string& field) const;
   absl::Time DeadlineOf(grpc::ServerContextBase* ctx) const;
 
   KernelBackend* backend_;
   const ServingState* state_;
   const uint64_t max_spec_bytes_;
   const absl::Duration default_deadline_;
+  const RawKernelPolicy raw_;
   const std::shared_ptr<Waiters> waiters_ = std::make_shared<Waiters>();
 };
 

@@ -37,11 +37,24 @@ KernelBackend::KernelBackend(BackendDeps deps) : deps_(std::move(deps)) {
 }
 
 absl::StatusOr<ResolvedRequest> KernelBackend::Resolve(const v1::GetKernelRequest& request) const {
-  if (!deps_.toolchain_status.ok()) {
+  if (request.has_spec() && request.has_raw()) {
+    return absl::InvalidArgumentError("spec and raw: set one of them, not both");
+  }
+  if (request.has_raw()) {
+    if (!deps_.raw_toolchain_status.ok()) {
+      return absl::Status(
+          absl::IsFailedPrecondition(deps_.raw_toolchain_status) ? absl::StatusCode::kFailedPrecondition
+                                                                 : absl::StatusCode::kUnavailable,
+          absl::StrCat("this daemon cannot compile raw kernels: ",
+                       deps_.raw_toolchain_status.message()));
+    }
+  } else if (!deps_.toolchain_status.ok()) {
     return absl::UnavailableError(
         absl::StrCat("this daemon cannot compile: ", deps_.toolchain_status.message()));
   }
-  if (!request.has_spec()) return absl::InvalidArgumentError("spec: missing");
+  if (!request.has_spec() && !request.has_raw()) {
+    return absl::InvalidArgumentError("spec: missing (or give raw)");
+  }
   ResolvedRequest r;
   const v1::Target& t = request.target();
   std::string arch;
@@ -66,12 +79,21 @@ absl::StatusOr<ResolvedRequest> KernelBackend::Resolve(const v1::GetKernelReques
     case v1::Target::WHERE_NOT_SET:
       return absl::InvalidArgumentError("target: set arch (e.g. \"sm_90a\") or device");
   }
-  AttentionLimits limits;
-  limits.max_expr_nodes = static_cast<int>(deps_.config.max_expr_nodes());
-  limits.max_expr_depth = static_cast<int>(deps_.config.max_expr_depth());
-  auto id = ResolveAttention(request.spec(), arch, deps_.toolchain, limits);
-  if (!id.ok()) return id.status();
-  r.id = *std::move(id);
+  if (request.has_raw()) {
+    auto raw = ResolveRaw(request.raw(), arch, deps_.raw_toolchain,
+                          deps_.config.max_raw_kernel_names());
+    if (!raw.ok()) return raw.status();
+    r.id.arch = raw->arch;
+    r.id.key = raw->key;
+    r.raw = std::make_shared<const RawIdentity>(*std::move(raw));
+  } else {
+    AttentionLimits limits;
+    limits.max_expr_nodes = static_cast<int>(deps_.config.max_expr_nodes());
+    limits.max_expr_depth = static_cast<int>(deps_.config.max_expr_depth());
+    auto id = ResolveAttention(request.spec(), arch, deps_.toolchain, limits);
+    if (!id.ok()) return id.status();
+    r.id = *std::move(id);
+  }
   if (r.device < 0) {
     // By arch: spread keys over the devices that can verify that arch (by
     // key, so one key always lands on one queue); none = compile-only.
@@ -95,7 +117,9 @@ CompileResult KernelBackend::Compile(const ResolvedRequest& r, absl::Time compil
     compile_failures_->Inc();
     return st;
   };
-  auto build = BuildAttention(r.id, deps_.toolchain, *deps_.compiler, compile_deadline);
+  auto build = r.raw != nullptr
+                   ? BuildRaw(*r.raw, deps_.raw_toolchain, *deps_.compiler, compile_deadline)
+                   : BuildAttention(r.id, deps_.toolchain, *deps_.compiler, compile_deadline);
   if (!build.ok()) return fail(build.status());
   if (r.device >= 0) {
     report(Phase::kVerifying);

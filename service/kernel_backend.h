@@ -18,6 +18,7 @@
 #include "compiler/attention_compile.h"
 #include "compiler/compile.h"
 #include "compiler/cuda_driver.h"
+#include "compiler/raw_kernel.h"
 #include "compiler/scheduler.h"
 #include "kcache/v1/daemon_config.pb.h"
 #include "kcache/v1/service.pb.h"
@@ -33,13 +34,20 @@ struct BackendDeps {
   v1::Toolchain toolchain;     // id filled
   // Not OK when NVRTC could not be loaded: kernel requests answer with it.
   absl::Status toolchain_status;
+  // The raw-kernel toolchain (compiler/toolchain.h RawToolchain), when raw
+  // kernels are enabled; otherwise raw_toolchain_status says why not.
+  // Whether a caller may send raw kernels at all is the service's check
+  // (grpc_services.h), made before the backend sees the request.
+  v1::Toolchain raw_toolchain;
+  absl::Status raw_toolchain_status = absl::FailedPreconditionError("raw kernels are disabled");
   v1::DaemonConfig config;
   MetricsRegistry* metrics = nullptr;
 };
 
 // A request resolved to its kernel identity and where it compiles.
 struct ResolvedRequest {
-  AttentionIdentity id;  // normalized spec, arch, key
+  AttentionIdentity id;  // normalized spec, arch, key (raw: arch and key only)
+  std::shared_ptr<const RawIdentity> raw;  // set for a raw kernel
   std::string queue;     // "gpu0", or the arch in compile-only mode
   int device = -1;       // device that verifies, or -1
 };
@@ -58,7 +66,7 @@ class KernelBackend {
   explicit KernelBackend(BackendDeps deps);
 
   // InvalidArgument naming the field ("spec.num_kv_heads: ...",
-  // "target.arch: ...", "target.device: ...").
+  // "target.arch: ...", "target.device: ...", "raw.kernel_names[0]: ...").
   absl::StatusOr<ResolvedRequest> Resolve(const v1::GetKernelRequest& request) const;
 
   // A request under way: answered from the store (`ticket` null, `answer`
