@@ -320,6 +320,12 @@ grpc::Status AdminServiceImpl::Inspect(grpc::ServerContext* ctx, const v1::Inspe
   if (!e.ok()) return Reply(ctx, e.status());
   if (!e->has_value()) return Reply(ctx, absl::NotFoundError("no entry under that key"));
   *resp->mutable_entry() = **e;
+  if (req->include_cubin()) {
+    auto entry = store_->Lookup(*key);  // digest-checked read
+    if (!entry.ok()) return Reply(ctx, entry.status());
+    if (*entry == nullptr) return Reply(ctx, absl::NotFoundError("no entry under that key"));
+    resp->set_cubin((*entry)->cubin);
+  }
   return grpc::Status::OK;
 }
 

@@ -17,6 +17,7 @@
 #include "kcache/v1/service.grpc.pb.h"
 #include "tests/cache/test_util.h"
 #include "tests/common/daemon_process.h"
+#include "tools/kcache/cli.h"
 
 namespace kcache {
 namespace {
@@ -59,6 +60,16 @@ struct Call {
   grpc::Status status;
   v1::GetKernelResponse response;
 };
+
+std::string KeyToHexForTest(const std::string& key) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string out;
+  for (unsigned char c : key) {
+    out.push_back(kHex[c >> 4]);
+    out.push_back(kHex[c & 15]);
+  }
+  return out;
+}
 
 Call Get(const DaemonProcess& d, const v1::GetKernelRequest& req, const std::string& token = kToken) {
   auto stub = v1::KernelService::NewStub(
@@ -127,6 +138,38 @@ TEST(RawE2E, FixturesCompileForSm80AndSm90aThenHit) {
   v1::StatsResponse stats = d->Stats();
   EXPECT_EQ(stats.compiles(), 8u);
   EXPECT_EQ(stats.compile_failures(), 0u);
+}
+
+// `kcache show` lists the kernels inside the cached cubin, read from its ELF:
+// through the daemon, then on the store directly once the daemon is gone.
+TEST(RawE2E, KcacheShowListsTheCubinsKernels) {
+  TempDir dir;
+  auto d = RawDaemon(dir);
+  ASSERT_NO_FATAL_FAILURE(d->Start());
+  Call call = Get(*d, RawRequest(v1::RawKernel::FORMAT_LLVM_IR, "block_sum.ll",
+                                 {"kc_block_sum", "kc_scale"}, "sm_80"));
+  ASSERT_TRUE(call.status.ok()) << call.status.error_message();
+  const std::string key = KeyToHexForTest(call.response.record().key());
+  int regs = call.response.record().entry_points(0).resources().registers();
+  for (bool direct : {false, true}) {
+    SCOPED_TRACE(direct ? "store" : "daemon");
+    if (direct) EXPECT_EQ(d->Stop(SIGTERM), 0);
+    std::ostringstream out, err;
+    const std::vector<std::string> conn =
+        direct ? std::vector<std::string>{"--store", d->store()}
+               : std::vector<std::string>{"--socket", d->socket()};
+    std::vector<std::string> args = conn;
+    args.push_back("show");
+    args.push_back(key.substr(0, 20));
+    ASSERT_EQ(tools::RunKcache(args, {out, err}), tools::kExitOk) << err.str();
+    const std::string text = out.str();
+    EXPECT_THAT(text, HasSubstr("raw kernel (FORMAT_LLVM_IR: kc_block_sum, kc_scale)"));
+    EXPECT_THAT(text, HasSubstr("cubin kernels (from the ELF, sm_80)"));
+    // One table row per kernel: name, kind, registers, shared memory.
+    EXPECT_THAT(text, ::testing::ContainsRegex(
+                          absl::StrCat("kc_block_sum +kernel +", regs, " +1024 ")));
+    EXPECT_THAT(text, ::testing::ContainsRegex("kc_scale +kernel +[0-9]+ +0 "));
+  }
 }
 
 TEST(RawE2E, OffByDefault) {

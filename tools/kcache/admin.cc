@@ -49,6 +49,14 @@ class DaemonAdmin final : public Admin {
     if (!r.ok()) return r.status();
     return r->entry();
   }
+  absl::StatusOr<std::string> Cubin(const std::string& key) override {
+    v1::InspectRequest req;
+    req.set_key(key);
+    req.set_include_cubin(true);
+    auto r = Call<v1::InspectResponse>(&v1::AdminService::Stub::Inspect, req);
+    if (!r.ok()) return r.status();
+    return r->cubin();
+  }
   absl::Status Pin(const std::string& key, const std::string& reason) override {
     v1::PinRequest req;
     req.set_key(key);
@@ -168,6 +176,14 @@ class StoreAdmin final : public Admin {
     if (!e.ok()) return e.status();
     if (!e->has_value()) return absl::NotFoundError("no entry under that key");
     return **e;
+  }
+  absl::StatusOr<std::string> Cubin(const std::string& key) override {
+    auto k = Resolve(key);
+    if (!k.ok()) return k.status();
+    auto e = store_->Lookup(*k);
+    if (!e.ok()) return e.status();
+    if (*e == nullptr) return absl::NotFoundError("no entry under that key");
+    return (*e)->cubin;
   }
   absl::Status Pin(const std::string& key, const std::string& reason) override {
     auto k = Resolve(key);

@@ -43,6 +43,11 @@ class Admin {
   // `key` is a whole binary key or a hex key / unique hex prefix.
   // NotFound when nothing matches; InvalidArgument when ambiguous.
   virtual absl::StatusOr<v1::EntrySummary> Inspect(const std::string& key) = 0;
+  // The entry's cubin bytes (digest-checked by the store). Unimplemented
+  // where a backend cannot fetch them.
+  virtual absl::StatusOr<std::string> Cubin(const std::string& key) {
+    return absl::UnimplementedError("this connection cannot fetch cubins");
+  }
   virtual absl::Status Pin(const std::string& key, const std::string& reason) = 0;
   virtual absl::Status Unpin(const std::string& key) = 0;
   // Evicts LRU entries down to max_bytes (and, directly on a store, collects

@@ -21,6 +21,9 @@
 #include "cache/digest.h"
 #include "cache/key.h"
 #include "compiler/attention/spec_json.h"
+#ifdef KCACHE_TOOLS_WITH_LLVM
+#include "compiler/cubin_elf.h"
+#endif
 #include "tools/kcache/admin.h"
 #include "tools/kcache/args.h"
 #include "tools/kcache/manifest.h"
@@ -557,6 +560,36 @@ class Cli {
     return kExitOk;
   }
 
+  // The kernels inside the cubin itself, read from its ELF (no GPU, no
+  // NVIDIA disassembler): names, registers, shared memory, code size.
+  void PrintCubinKernels(Admin& admin, const std::string& key, std::ostream& o) {
+#ifdef KCACHE_TOOLS_WITH_LLVM
+    auto cubin = admin.Cubin(key);
+    if (!cubin.ok()) {
+      o << "\ncubin kernels: cannot fetch the cubin: " << cubin.status().message() << "\n";
+      return;
+    }
+    auto info = ReadCubin(*cubin);
+    if (!info.ok()) {
+      o << "\ncubin kernels: " << info.status().message() << "\n";
+      return;
+    }
+    o << "\ncubin kernels (from the ELF, " << info->arch << "):\n";
+    auto num = [](int64_t v) { return v < 0 ? std::string("?") : absl::StrCat(v); };
+    Table t({"  NAME", "KIND", "REGS", "STATIC SMEM", "FRAME", "PARAMS", "CODE"},
+            {false, false, true, true, true, true, true});
+    for (const CubinKernel& k : info->kernels) {
+      t.Add({"  " + k.name, k.entry ? "kernel" : "device fn", num(k.registers),
+             num(k.static_smem_bytes), num(k.frame_bytes), num(k.param_bytes),
+             num(k.code_bytes)});
+    }
+    t.Print(o);
+    for (const std::string& n : info->notes) o << "  note: " << n << "\n";
+#else
+    o << "\ncubin kernels: this kcache was built without LLVM (KCACHE_WITH_LLVM=OFF)\n";
+#endif
+  }
+
   int Show() {
     const std::string key = a_.positional[0];
     if (!CheckKeyArg(key)) return exit_;
@@ -568,13 +601,31 @@ class Cli {
     if (json_) {
       json j = ProtoToJson(*e);
       j["description"] = attention::DescribeSpec(r.spec());
+#ifdef KCACHE_TOOLS_WITH_LLVM
+      if (auto cubin = admin->Cubin(key); cubin.ok()) {
+        if (auto info = ReadCubin(*cubin); info.ok()) {
+          json ks = json::array();
+          for (const CubinKernel& k : info->kernels) {
+            ks.push_back({{"name", k.name}, {"entry", k.entry}, {"registers", k.registers},
+                          {"static_smem_bytes", k.static_smem_bytes},
+                          {"frame_bytes", k.frame_bytes}, {"param_bytes", k.param_bytes},
+                          {"code_bytes", k.code_bytes}});
+          }
+          j["cubin_kernels"] = ks;
+        }
+      }
+#endif
       PrintJson(j);
       return kExitOk;
     }
     std::ostream& o = io_.out;
     const auto& tc = r.toolchain();
     o << "key           " << KeyToHex(r.key()) << "\n"
-      << "spec          " << attention::DescribeSpec(r.spec()) << "\n"
+      << "spec          "
+      << (r.has_raw() ? absl::StrCat("raw kernel (", v1::RawKernel::Format_Name(r.raw().format()),
+                                      ": ", absl::StrJoin(r.raw().kernel_names(), ", "), ")")
+                      : attention::DescribeSpec(r.spec()))
+      << "\n"
       << "arch          " << r.arch() << "\n"
       << "toolchain     " << tc.compiler() << " " << tc.version() << "  id " << tc.id()
       << "  build " << tc.build() << "\n"
@@ -605,7 +656,14 @@ class Cli {
              absl::StrCat(res.spill_bytes())});
     }
     t.Print(o);
-    o << "\nspec (JSON):\n" << attention::SpecToJson(r.spec()) << "\n";
+    PrintCubinKernels(*admin, key, o);
+    if (r.has_raw()) {
+      o << "\nraw kernel:   " << v1::RawKernel::Format_Name(r.raw().format()) << ", "
+        << r.raw().source_size() << " bytes, source sha256 " << ToHex(r.raw().source_sha256())
+        << "\n";
+    } else {
+      o << "\nspec (JSON):\n" << attention::SpecToJson(r.spec()) << "\n";
+    }
     o << "\ncompile log:\n" << (r.compile_log().empty() ? "(empty)" : r.compile_log()) << "\n";
     return kExitOk;
   }
