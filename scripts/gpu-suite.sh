@@ -51,6 +51,9 @@ suite kernel_correctness 300 python3 tests/kernels/test_attention_fwd.py --cases
 # score modification, deterministic on/off (compiles its variants in parallel first).
 suite kernel_backward 420 python3 tests/kernels/test_attention_bwd.py --cases "${CASES_BWD:-200}" \
   --seed "$SEED" --log "$LOGS/kernel_bwd_cases.log" ${KERNEL_SELECT:+--select "$KERNEL_SELECT"}
+# Issue #8: a Triton kernel's PTX through the raw front door, against Triton's own binary.
+suite triton_raw 180 python3 tests/python/triton_raw_gpu.py --kcached dist/kcached \
+  --pythonpath-gen .devcarry/pygen --out "$LOGS/triton"
 if [[ -n ${BENCH:-} ]]; then
   suite attention_bench 300 python3 bench/attention/bench_attention.py --json "$LOGS/bench.json"
   suite attention_bench_backward 540 python3 bench/attention/bench_attention.py --backward \
