@@ -385,6 +385,75 @@ __device__ __forceinline__ void element_grad(float s, float dp, float lse2, floa
   }
 }
 
+// ---- the warp-level GEMM steps both kernels are made of ------------------
+// Per-lane ldmatrix addressing (see the forward): A rows lane & 15 with
+// chunk 2k + (lane >> 4) (key `akey`); B rows brow = l7 + 8 * (lane >> 4)
+// with chunk 2k + ((lane >> 3) & 1) (key `bkey`), or transposed rows
+// trow = l7 + 8 * ((lane >> 3) & 1) with chunk 2n + (lane >> 4) (`akey`).
+struct Lane {
+  unsigned akey, bkey;
+  int brow, trow;
+};
+__device__ __forceinline__ Lane lane_addressing(int lane) {
+  const int l7 = lane & 7;
+  return Lane{static_cast<unsigned>(l7 ^ (lane >> 4)) << 4,
+              static_cast<unsigned>(l7 ^ ((lane >> 3) & 1)) << 4, l7 + ((lane >> 4) << 3),
+              l7 + (((lane >> 3) & 1) << 3)};
+}
+
+// acc = A B^T over D columns: A is this warp's 16 rows at a_row (the lane's
+// row address), B the 64 rows of b_tile; both [rows][D] swizzled tiles.
+template <int D>
+__device__ __forceinline__ void gemm_abt(float (&acc)[kNT][4], unsigned a_row, unsigned b_tile,
+                                         const Lane& ln) {
+#pragma unroll
+  for (int nt = 0; nt < kNT; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    unsigned a[4];
+    ldsm_x4(a_row + ((kk * 32) ^ ln.akey), a[0], a[1], a[2], a[3]);
+#pragma unroll
+    for (int np = 0; np < kNT / 2; ++np) {
+      unsigned b0, b1, b2, b3;
+      ldsm_x4(b_tile + (np * 16 + ln.brow) * (D * 2) + ((kk * 32) ^ ln.bkey), b0, b1, b2, b3);
+      mma16816(acc[2 * np], a, b0, b1);
+      mma16816(acc[2 * np + 1], a, b2, b3);
+    }
+  }
+}
+
+// The k16 step kk of an accumulator as an A fragment (bf16/fp16 pairs).
+__device__ __forceinline__ void pack_a(const float (&acc)[kNT][4], int kk, unsigned (&a)[4]) {
+  a[0] = pack2(acc[2 * kk][0], acc[2 * kk][1]);
+  a[1] = pack2(acc[2 * kk][2], acc[2 * kk][3]);
+  a[2] = pack2(acc[2 * kk + 1][0], acc[2 * kk + 1][1]);
+  a[3] = pack2(acc[2 * kk + 1][2], acc[2 * kk + 1][3]);
+}
+
+// acc += A B for one k16 step: A from registers, B rows kk * 16 .. + 16 of
+// b_tile ([rows][D] swizzled) read transposed, all D columns.
+template <int D>
+__device__ __forceinline__ void gemm_step_ab(float (&acc)[D / 8][4], const unsigned (&a)[4],
+                                             unsigned b_tile, int kk, const Lane& ln) {
+#pragma unroll
+  for (int dpair = 0; dpair < D / 16; ++dpair) {
+    unsigned b0, b1, b2, b3;
+    ldsm_x4_t(b_tile + (kk * 16 + ln.trow) * (D * 2) + ((dpair * 32) ^ ln.akey), b0, b1, b2, b3);
+    mma16816(acc[2 * dpair], a, b0, b1);
+    mma16816(acc[2 * dpair + 1], a, b2, b3);
+  }
+}
+
+// Row `row` of an accumulator (hh: its g or g + 8 half) in the dtype.
+template <int D>
+__device__ __forceinline__ void store_row(elem_t* row, const float (&acc)[D / 8][4], int hh,
+                                          int t4) {
+#pragma unroll
+  for (int dt = 0; dt < D / 8; ++dt) {
+    *reinterpret_cast<unsigned*>(row + dt * 8 + 2 * t4) = pack2(acc[dt][hh * 2], acc[dt][hh * 2 + 1]);
+  }
+}
+
 }  // namespace attn_bwd
 }  // namespace kcache
 
@@ -456,33 +525,12 @@ extern "C" __global__ void __launch_bounds__(kcache::kAttnBwdAuxThreads)
 #endif
 
 #if KC_MASK == KC_MASK_EXPR
-// Tile classification with the backward's tiles (the forward's
-// kcache_attn_mask_build, for KC_BWD_BLOCK_M x KC_BWD_BLOCK_N). Grid
+// Tile classification with the backward's tiles (query tiles of
+// KC_BWD_BLOCK_M, key tiles of KC_BWD_BLOCK_N). Grid
 // (ceil(q_len / KC_BWD_BLOCK_M), num_q_heads, batch), 128 threads.
 extern "C" __global__ void __launch_bounds__(128)
     kcache_attn_bwd_mask_build(const __grid_constant__ kcache::AttentionParams p) {
-  const int mtile = blockIdx.x;
-  const int h = blockIdx.y;
-  const int b = blockIdx.z;
-  const int m0 = mtile * KC_BWD_BLOCK_M;
-  const int n_kv_tiles = (p.kv_len + KC_BWD_BLOCK_N - 1) / KC_BWD_BLOCK_N;
-  kc_i8* row = p.tile_class + b * p.tile_class_stride_b + h * p.tile_class_stride_h +
-               mtile * p.tile_class_stride_m;
-  for (int t = 0; t < n_kv_tiles; ++t) {
-    int any = 0, all = 1;
-    for (int e = threadIdx.x; e < KC_BWD_BLOCK_M * KC_BWD_BLOCK_N; e += 128) {
-      const int q = m0 + e / KC_BWD_BLOCK_N;
-      const int kv = t * KC_BWD_BLOCK_N + e % KC_BWD_BLOCK_N;
-      if (q < p.q_len && kv < p.kv_len) {
-        const bool v = kc_expr_mask(b, h, q, kv, p);
-        any |= v ? 1 : 0;
-        all &= v ? 1 : 0;
-      }
-    }
-    any = __syncthreads_or(any);
-    all = __syncthreads_and(all);
-    if (threadIdx.x == 0) row[t] = static_cast<kc_i8>(any ? (all ? 2 : 1) : 0);
-  }
+  kcache::attn_fwd::classify_expr_tiles<KC_BWD_BLOCK_M, KC_BWD_BLOCK_N>(p);
 }
 #endif
 
@@ -676,14 +724,10 @@ extern "C" __global__ void __launch_bounds__(KC_BWD_NUM_WARPS * 32, 256 / (KC_BW
   }
   cp_async_commit();
 
-  // Per-lane ldmatrix addressing (see the forward): A rows lane & 15 with
-  // chunk 2k + (lane >> 4); B rows l7 + 8 * ((lane >> 4)) with chunk
-  // 2k + ((lane >> 3) & 1), or transposed rows l7 + 8 * ((lane >> 3) & 1)
-  // with chunk 2n + (lane >> 4).
-  const unsigned akey = static_cast<unsigned>(l7 ^ (lane >> 4)) << 4;
-  const unsigned bkey = static_cast<unsigned>(l7 ^ ((lane >> 3) & 1)) << 4;
-  const int brow = l7 + ((lane >> 4) << 3);
-  const int trow = l7 + (((lane >> 3) & 1) << 3);
+  const Lane ln = lane_addressing(lane);
+  const unsigned akey = ln.akey;
+  const int brow = ln.brow;
+  const int trow = ln.trow;
   const unsigned k_a = sK + (warp * 16 + (lane & 15)) * (kDQK * 2);
   const unsigned v_a = sV + (warp * 16 + (lane & 15)) * (kDV * 2);
 
@@ -722,35 +766,8 @@ extern "C" __global__ void __launch_bounds__(KC_BWD_NUM_WARPS * 32, 256 / (KC_BW
 
     // S^T = K Q^T and dP^T = V dO^T: 16 keys x 64 queries per warp.
     float s[kNT][4], dp[kNT][4];
-#pragma unroll
-    for (int nt = 0; nt < kNT; ++nt) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) s[nt][e] = dp[nt][e] = 0.f;
-    }
-#pragma unroll
-    for (int kk = 0; kk < kKQ; ++kk) {
-      unsigned a[4];
-      ldsm_x4(k_a + ((kk * 32) ^ akey), a[0], a[1], a[2], a[3]);
-#pragma unroll
-      for (int np = 0; np < kNT / 2; ++np) {
-        unsigned b0, b1, b2, b3;
-        ldsm_x4(q_s + (np * 16 + brow) * (kDQK * 2) + ((kk * 32) ^ bkey), b0, b1, b2, b3);
-        mma16816(s[2 * np], a, b0, b1);
-        mma16816(s[2 * np + 1], a, b2, b3);
-      }
-    }
-#pragma unroll
-    for (int kk = 0; kk < kKV; ++kk) {
-      unsigned a[4];
-      ldsm_x4(v_a + ((kk * 32) ^ akey), a[0], a[1], a[2], a[3]);
-#pragma unroll
-      for (int np = 0; np < kNT / 2; ++np) {
-        unsigned b0, b1, b2, b3;
-        ldsm_x4(o_s + (np * 16 + brow) * (kDV * 2) + ((kk * 32) ^ bkey), b0, b1, b2, b3);
-        mma16816(dp[2 * np], a, b0, b1);
-        mma16816(dp[2 * np + 1], a, b2, b3);
-      }
-    }
+    gemm_abt<kDQK>(s, k_a, q_s, ln);
+    gemm_abt<kDV>(dp, v_a, o_s, ln);
 
     // P and dS in place (s <- P, dp <- dS), per element.
     {
@@ -790,14 +807,8 @@ extern "C" __global__ void __launch_bounds__(KC_BWD_NUM_WARPS * 32, 256 / (KC_BW
 #pragma unroll
     for (int kk = 0; kk < kNT / 2; ++kk) {
       unsigned pa[4], sa[4];
-      pa[0] = pack2(s[2 * kk][0], s[2 * kk][1]);
-      pa[1] = pack2(s[2 * kk][2], s[2 * kk][3]);
-      pa[2] = pack2(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-      pa[3] = pack2(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-      sa[0] = pack2(dp[2 * kk][0], dp[2 * kk][1]);
-      sa[1] = pack2(dp[2 * kk][2], dp[2 * kk][3]);
-      sa[2] = pack2(dp[2 * kk + 1][0], dp[2 * kk + 1][1]);
-      sa[3] = pack2(dp[2 * kk + 1][2], dp[2 * kk + 1][3]);
+      pack_a(s, kk, pa);
+      pack_a(dp, kk, sa);
 #if !KC_DETERMINISTIC
       // dS^T to shared memory for dQ: row key, 16-byte chunk = n8 tile.
       {
@@ -808,20 +819,8 @@ extern "C" __global__ void __launch_bounds__(KC_BWD_NUM_WARPS * 32, 256 / (KC_BW
         st_shared_u32(sS + r1 * (kBM * 2) + (((2 * kk + 1) ^ (r1 & 7)) << 4) + t4 * 4, sa[3]);
       }
 #endif
-#pragma unroll
-      for (int dpair = 0; dpair < kDTV / 2; ++dpair) {
-        unsigned b0, b1, b2, b3;
-        ldsm_x4_t(o_s + (kk * 16 + trow) * (kDV * 2) + ((dpair * 32) ^ akey), b0, b1, b2, b3);
-        mma16816(dv[2 * dpair], pa, b0, b1);
-        mma16816(dv[2 * dpair + 1], pa, b2, b3);
-      }
-#pragma unroll
-      for (int dpair = 0; dpair < kDTQ / 2; ++dpair) {
-        unsigned b0, b1, b2, b3;
-        ldsm_x4_t(q_s + (kk * 16 + trow) * (kDQK * 2) + ((dpair * 32) ^ akey), b0, b1, b2, b3);
-        mma16816(dk[2 * dpair], sa, b0, b1);
-        mma16816(dk[2 * dpair + 1], sa, b2, b3);
-      }
+      gemm_step_ab<kDV>(dv, pa, o_s, kk, ln);
+      gemm_step_ab<kDQK>(dk, sa, q_s, kk, ln);
     }
 
 #if !KC_DETERMINISTIC
@@ -918,18 +917,12 @@ extern "C" __global__ void __launch_bounds__(KC_BWD_NUM_WARPS * 32, 256 / (KC_BW
   for (int hh2 = 0; hh2 < 2; ++hh2) {
     const int kv = n0 + key_row0 + 8 * hh2;
     if (kv < kv_len) {
-      elem_t* dkp = static_cast<elem_t*>(p.dk) + b * p.dk_stride_b + hkv * p.dk_stride_h +
-                    kv * p.dk_stride_s + 2 * t4;
-      elem_t* dvp = static_cast<elem_t*>(p.dv) + b * p.dv_stride_b + hkv * p.dv_stride_h +
-                    kv * p.dv_stride_s + 2 * t4;
-#pragma unroll
-      for (int dt = 0; dt < kDTQ; ++dt) {
-        *reinterpret_cast<unsigned*>(dkp + dt * 8) = pack2(dk[dt][hh2 * 2], dk[dt][hh2 * 2 + 1]);
-      }
-#pragma unroll
-      for (int dt = 0; dt < kDTV; ++dt) {
-        *reinterpret_cast<unsigned*>(dvp + dt * 8) = pack2(dv[dt][hh2 * 2], dv[dt][hh2 * 2 + 1]);
-      }
+      store_row<kDQK>(static_cast<elem_t*>(p.dk) + b * p.dk_stride_b + hkv * p.dk_stride_h +
+                          kv * p.dk_stride_s,
+                      dk, hh2, t4);
+      store_row<kDV>(static_cast<elem_t*>(p.dv) + b * p.dv_stride_b + hkv * p.dv_stride_h +
+                         kv * p.dv_stride_s,
+                     dv, hh2, t4);
     }
   }
 }
@@ -1097,10 +1090,7 @@ extern "C" __global__ void __launch_bounds__(KC_BWD_NUM_WARPS * 32, 256 / (KC_BW
   sc.alibi_slope = p.alibi_slopes[h];
 #endif
 
-  const unsigned akey = static_cast<unsigned>(l7 ^ (lane >> 4)) << 4;
-  const unsigned bkey = static_cast<unsigned>(l7 ^ ((lane >> 3) & 1)) << 4;
-  const int brow = l7 + ((lane >> 4) << 3);
-  const int trow = l7 + (((lane >> 3) & 1) << 3);
+  const Lane ln = lane_addressing(lane);
   const unsigned q_a = sQ + (warp * 16 + (lane & 15)) * (kDQK * 2);
   const unsigned o_a = sO + (warp * 16 + (lane & 15)) * (kDV * 2);
 
@@ -1126,36 +1116,10 @@ extern "C" __global__ void __launch_bounds__(KC_BWD_NUM_WARPS * 32, 256 / (KC_BW
     const unsigned k_s = sK + st * kKB;
     const unsigned v_s = sV + st * kVB;
 
+    // S = Q K^T and dP = dO V^T: 16 queries x 64 keys per warp.
     float s[kNT][4], dp[kNT][4];
-#pragma unroll
-    for (int nt = 0; nt < kNT; ++nt) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) s[nt][e] = dp[nt][e] = 0.f;
-    }
-#pragma unroll
-    for (int kk = 0; kk < kKQ; ++kk) {
-      unsigned a[4];
-      ldsm_x4(q_a + ((kk * 32) ^ akey), a[0], a[1], a[2], a[3]);
-#pragma unroll
-      for (int np = 0; np < kNT / 2; ++np) {
-        unsigned b0, b1, b2, b3;
-        ldsm_x4(k_s + (np * 16 + brow) * (kDQK * 2) + ((kk * 32) ^ bkey), b0, b1, b2, b3);
-        mma16816(s[2 * np], a, b0, b1);
-        mma16816(s[2 * np + 1], a, b2, b3);
-      }
-    }
-#pragma unroll
-    for (int kk = 0; kk < kKV; ++kk) {
-      unsigned a[4];
-      ldsm_x4(o_a + ((kk * 32) ^ akey), a[0], a[1], a[2], a[3]);
-#pragma unroll
-      for (int np = 0; np < kNT / 2; ++np) {
-        unsigned b0, b1, b2, b3;
-        ldsm_x4(v_s + (np * 16 + brow) * (kDV * 2) + ((kk * 32) ^ bkey), b0, b1, b2, b3);
-        mma16816(dp[2 * np], a, b0, b1);
-        mma16816(dp[2 * np + 1], a, b2, b3);
-      }
-    }
+    gemm_abt<kDQK>(s, q_a, k_s, ln);
+    gemm_abt<kDV>(dp, o_a, v_s, ln);
 
 #pragma unroll
     for (int nt = 0; nt < kNT; ++nt) {
@@ -1182,17 +1146,8 @@ extern "C" __global__ void __launch_bounds__(KC_BWD_NUM_WARPS * 32, 256 / (KC_BW
 #pragma unroll
     for (int kk = 0; kk < kNT / 2; ++kk) {
       unsigned sa[4];
-      sa[0] = pack2(dp[2 * kk][0], dp[2 * kk][1]);
-      sa[1] = pack2(dp[2 * kk][2], dp[2 * kk][3]);
-      sa[2] = pack2(dp[2 * kk + 1][0], dp[2 * kk + 1][1]);
-      sa[3] = pack2(dp[2 * kk + 1][2], dp[2 * kk + 1][3]);
-#pragma unroll
-      for (int dpair = 0; dpair < kDTQ / 2; ++dpair) {
-        unsigned b0, b1, b2, b3;
-        ldsm_x4_t(k_s + (kk * 16 + trow) * (kDQK * 2) + ((dpair * 32) ^ akey), b0, b1, b2, b3);
-        mma16816(dq[2 * dpair], sa, b0, b1);
-        mma16816(dq[2 * dpair + 1], sa, b2, b3);
-      }
+      pack_a(dp, kk, sa);
+      gemm_step_ab<kDQK>(dq, sa, k_s, kk, ln);
     }
   }
   cp_async_wait<0>();
@@ -1201,12 +1156,9 @@ extern "C" __global__ void __launch_bounds__(KC_BWD_NUM_WARPS * 32, 256 / (KC_BW
   for (int hh = 0; hh < 2; ++hh) {
     const int q = m0 + row0 + 8 * hh;
     if (q < q_len) {
-      elem_t* dst = static_cast<elem_t*>(p.dq) + b * p.dq_stride_b + h * p.dq_stride_h +
-                    q * p.dq_stride_s + 2 * t4;
-#pragma unroll
-      for (int dt = 0; dt < kDTQ; ++dt) {
-        *reinterpret_cast<unsigned*>(dst + dt * 8) = pack2(dq[dt][hh * 2], dq[dt][hh * 2 + 1]);
-      }
+      store_row<kDQK>(static_cast<elem_t*>(p.dq) + b * p.dq_stride_b + h * p.dq_stride_h +
+                          q * p.dq_stride_s,
+                      dq, hh, t4);
     }
   }
 }

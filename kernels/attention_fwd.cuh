@@ -1263,25 +1263,28 @@ extern "C" __global__ void __launch_bounds__(KC_NUM_WARPS * 32)
 }
 
 #if KC_MASK == KC_MASK_EXPR
+namespace kcache {
+namespace attn_fwd {
 // Tile classification for expression masks: for each (batch, head, query
-// tile) writes one byte per key tile into p.tile_class (0 empty, 1 partial,
-// 2 full) by evaluating kc_expr_mask on every in-range (q, kv) pair. Rows
-// past q_len and keys past kv_len are ignored (the forward bounds kv itself).
-// Grid (ceil(q_len / KC_BLOCK_M), num_q_heads, batch), 128 threads.
-extern "C" __global__ void __launch_bounds__(128)
-    kcache_attn_mask_build(const __grid_constant__ kcache::AttentionParams p) {
+// tile of BM rows) writes one byte per key tile of BN into p.tile_class (0
+// empty, 1 partial, 2 full) by evaluating kc_expr_mask on every in-range
+// (q, kv) pair. Rows past q_len and keys past kv_len are ignored (the
+// kernels bound them themselves). Grid (ceil(q_len / BM), num_q_heads,
+// batch), 128 threads. The backward's tiles use it too.
+template <int BM, int BN>
+__device__ __forceinline__ void classify_expr_tiles(const AttentionParams& p) {
   const int mtile = blockIdx.x;
   const int h = blockIdx.y;
   const int b = blockIdx.z;
-  const int m0 = mtile * KC_BLOCK_M;
-  const int n_kv_tiles = (p.kv_len + KC_BLOCK_N - 1) / KC_BLOCK_N;
+  const int m0 = mtile * BM;
+  const int n_kv_tiles = (p.kv_len + BN - 1) / BN;
   kc_i8* row = p.tile_class + b * p.tile_class_stride_b + h * p.tile_class_stride_h +
                mtile * p.tile_class_stride_m;
   for (int t = 0; t < n_kv_tiles; ++t) {
     int any = 0, all = 1;
-    for (int e = threadIdx.x; e < KC_BLOCK_M * KC_BLOCK_N; e += 128) {
-      const int q = m0 + e / KC_BLOCK_N;
-      const int kv = t * KC_BLOCK_N + e % KC_BLOCK_N;
+    for (int e = threadIdx.x; e < BM * BN; e += 128) {
+      const int q = m0 + e / BN;
+      const int kv = t * BN + e % BN;
       if (q < p.q_len && kv < p.kv_len) {
         const bool v = kc_expr_mask(b, h, q, kv, p);
         any |= v ? 1 : 0;
@@ -1292,5 +1295,12 @@ extern "C" __global__ void __launch_bounds__(128)
     all = __syncthreads_and(all);
     if (threadIdx.x == 0) row[t] = static_cast<kc_i8>(any ? (all ? 2 : 1) : 0);
   }
+}
+}  // namespace attn_fwd
+}  // namespace kcache
+
+extern "C" __global__ void __launch_bounds__(128)
+    kcache_attn_mask_build(const __grid_constant__ kcache::AttentionParams p) {
+  kcache::attn_fwd::classify_expr_tiles<KC_BLOCK_M, KC_BLOCK_N>(p);
 }
 #endif
