@@ -18,6 +18,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/strip.h"
+#include "compiler/cuda_library.h"
 
 namespace kcache {
 namespace {
@@ -181,29 +182,12 @@ absl::StatusOr<const Nvrtc::Api*> Nvrtc::GetApi() const {
   }
   attempted_ = true;
 
-  std::vector<std::string> candidates;
-  if (!library_path_.empty()) {
-    candidates.push_back(library_path_);
-  } else {
-    candidates = {"libnvrtc.so.13", "libnvrtc.so"};
-    if (const char* home = std::getenv("CUDA_HOME"); home && *home) {
-      candidates.push_back(absl::StrCat(home, "/lib64/libnvrtc.so.13"));
-    }
-    candidates.push_back("/usr/local/cuda/lib64/libnvrtc.so.13");
-  }
-  std::vector<std::string> tried;
-  void* handle = nullptr;
-  for (const std::string& path : candidates) {
-    handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
-    if (handle) break;
-    const char* err = dlerror();
-    tried.push_back(absl::StrCat(path, " (", err ? err : "unknown error", ")"));
-  }
-  if (!handle) {
-    load_status_ = absl::UnavailableError(
-        absl::StrCat("NVRTC could not be loaded; tried: ", absl::StrJoin(tried, "; ")));
+  absl::StatusOr<void*> opened = OpenCudaLibrary("NVRTC", "libnvrtc", 13, library_path_);
+  if (!opened.ok()) {
+    load_status_ = opened.status();
     return load_status_;
   }
+  void* handle = *opened;
 
   auto api = std::make_unique<Api>();
   std::vector<std::string> missing;
