@@ -12,17 +12,20 @@
 //
 // Kernels, in launch order:
 //   kcache_attn_bwd_preprocess  delta per row; zeroes dq_accum (atomic mode).
-//   kcache_attn_bwd_dkdv        one CTA per (key tile, kv head, batch); warp w
-//                               owns 16 keys and keeps their dK and dV in
-//                               registers while the CTA walks every (query
-//                               head of the GQA group, query tile) that sees
-//                               the key tile, so GQA sums need no atomics.
-//                               Unless deterministic, dQ partials go to
-//                               dq_accum with fp32 atomics (dS^T staged in
-//                               shared memory, each warp adding 16 rows).
-//   kcache_attn_bwd_dq          deterministic mode: one CTA per (query tile,
-//                               query head, batch) recomputes P and dP over
-//                               its visible key tiles and writes dQ once.
+//   kcache_attn_bwd_dkdv        one CTA per (key tile of 128, kv head,
+//                               batch); warp w owns 16 keys and keeps their
+//                               dK and dV in registers while the CTA walks
+//                               every (query head of the GQA group, query
+//                               step of 64) that sees the key tile, so GQA
+//                               sums need no atomics. Unless deterministic,
+//                               dQ partials go to dq_accum with fp32
+//                               reductions (dS^T staged in shared memory,
+//                               each warp adding a 32 x 32 block; vector
+//                               reductions on sm_90).
+//   kcache_attn_bwd_dq          deterministic mode: one CTA per (128 query
+//                               rows, query head, batch) recomputes P and
+//                               dP over its visible key steps and writes dQ
+//                               once, with no atomics.
 //   kcache_attn_bwd_dq_convert  atomic mode: dq = dq_accum in the dtype.
 // Block sparsity mirrors the forward: causal and sliding-window masks walk
 // an analytic range of tiles; document, drafter and expression masks build
