@@ -3,9 +3,12 @@
 #include <grpcpp/grpcpp.h>
 
 #include <algorithm>
+#include <fstream>
+#include <sstream>
 
 #include "absl/status/status.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "client/cuda_loader.h"
@@ -31,6 +34,11 @@ void* LoadedKernel::Function(v1::EntryRole role) const {
   return nullptr;
 }
 
+void* LoadedKernel::Function(absl::string_view name) const {
+  auto it = functions.find(std::string(name));
+  return it == functions.end() ? nullptr : it->second;
+}
+
 absl::Status FromGrpcStatus(const grpc::Status& status) {
   if (status.ok()) return absl::OkStatus();
   return absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
@@ -38,10 +46,30 @@ absl::Status FromGrpcStatus(const grpc::Status& status) {
 
 absl::StatusOr<std::unique_ptr<Client>> Client::Create(ClientOptions options) {
   if (options.target.empty()) return absl::InvalidArgumentError("ClientOptions.target: empty");
-  return std::unique_ptr<Client>(new Client(std::move(options)));
+  std::string token = options.admin_token;
+  if (!options.admin_token_path.empty()) {
+    if (!token.empty()) {
+      return absl::InvalidArgumentError(
+          "ClientOptions.admin_token_path: give admin_token or admin_token_path, not both");
+    }
+    std::ifstream in(options.admin_token_path, std::ios::binary);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    if (!in) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "ClientOptions.admin_token_path: cannot read ", options.admin_token_path));
+    }
+    token = std::string(absl::StripAsciiWhitespace(ss.str()));
+    if (token.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("ClientOptions.admin_token_path: ",
+                                                     options.admin_token_path, " is empty"));
+    }
+  }
+  return std::unique_ptr<Client>(new Client(std::move(options), std::move(token)));
 }
 
-Client::Client(ClientOptions options) : options_(std::move(options)) {
+Client::Client(ClientOptions options, std::string admin_token)
+    : options_(std::move(options)), admin_token_(std::move(admin_token)) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(options_.max_message_bytes);
   args.SetMaxSendMessageSize(options_.max_message_bytes);
@@ -82,6 +110,11 @@ absl::StatusOr<std::shared_ptr<const v1::GetKernelResponse>> Client::CallGetKern
     // Wait for the channel to connect rather than failing at once while the
     // daemon starts; the deadline bounds it.
     ctx.set_wait_for_ready(true);
+    // The admin token goes only with raw requests: spec requests need none,
+    // and a token sent on every call would travel further than it must.
+    if (request.has_raw() && !admin_token_.empty()) {
+      ctx.AddMetadata("authorization", absl::StrCat("Bearer ", admin_token_));
+    }
     auto resp = std::make_shared<v1::GetKernelResponse>();
     {
       absl::MutexLock lock(&mu_);
@@ -101,6 +134,14 @@ absl::StatusOr<std::shared_ptr<const v1::GetKernelResponse>> Client::CallGetKern
           return absl::UnavailableError(absl::StrCat("no kcache daemon answered at ",
                                                      options_.target, " before the deadline"));
         }
+      }
+      if (st.error_code() == grpc::StatusCode::PERMISSION_DENIED && request.has_raw()) {
+        // Say whether this client sent a token at all: the fix differs.
+        return absl::PermissionDeniedError(absl::StrCat(
+            st.error_message(), admin_token_.empty()
+                                    ? " (this client has no admin token: set "
+                                      "ClientOptions.admin_token or admin_token_path)"
+                                    : " (the daemon refused this client's admin token)"));
       }
       return FromGrpcStatus(st);
     }
@@ -123,6 +164,19 @@ absl::StatusOr<std::shared_ptr<const v1::GetKernelResponse>> Client::Fetch(
   v1::GetKernelRequest req;
   *req.mutable_spec() = spec;
   *req.mutable_target() = target;
+  return FetchRequest(req, deadline);
+}
+
+absl::StatusOr<std::shared_ptr<const v1::GetKernelResponse>> Client::FetchRaw(
+    const v1::RawKernel& raw, const v1::Target& target, absl::Duration deadline) {
+  v1::GetKernelRequest req;
+  *req.mutable_raw() = raw;
+  *req.mutable_target() = target;
+  return FetchRequest(req, deadline);
+}
+
+absl::StatusOr<std::shared_ptr<const v1::GetKernelResponse>> Client::FetchRequest(
+    const v1::GetKernelRequest& req, absl::Duration deadline) {
   std::string memo_key;
   {
     google::protobuf::io::StringOutputStream out(&memo_key);
@@ -163,6 +217,24 @@ absl::StatusOr<std::shared_ptr<const v1::GetKernelResponse>> Client::Fetch(
 absl::StatusOr<std::shared_ptr<const LoadedKernel>> Client::Load(const v1::AttentionSpec& spec,
                                                                  v1::Target target,
                                                                  absl::Duration deadline) {
+  v1::GetKernelRequest req;
+  *req.mutable_spec() = spec;
+  *req.mutable_target() = std::move(target);
+  return LoadRequest(std::move(req), deadline);
+}
+
+absl::StatusOr<std::shared_ptr<const LoadedKernel>> Client::LoadRaw(const v1::RawKernel& raw,
+                                                                    v1::Target target,
+                                                                    absl::Duration deadline) {
+  v1::GetKernelRequest req;
+  *req.mutable_raw() = raw;
+  *req.mutable_target() = std::move(target);
+  return LoadRequest(std::move(req), deadline);
+}
+
+absl::StatusOr<std::shared_ptr<const LoadedKernel>> Client::LoadRequest(
+    v1::GetKernelRequest request, absl::Duration deadline) {
+  v1::Target& target = *request.mutable_target();
   auto api_or = ci::GetCudaApi();
   if (!api_or.ok()) return api_or.status();
   const ci::CudaApi& api = **api_or;
@@ -171,7 +243,9 @@ absl::StatusOr<std::shared_ptr<const LoadedKernel>> Client::Load(const v1::Atten
     return st;
   }
   if (ctx == nullptr) {
-    return absl::FailedPreconditionError("Client::Load: no current CUDA context on this thread");
+    return absl::FailedPreconditionError(
+        absl::StrCat(request.has_raw() ? "Client::LoadRaw" : "Client::Load",
+                     ": no current CUDA context on this thread"));
   }
   if (target.where_case() == v1::Target::WHERE_NOT_SET) {
     ci::CUdevice dev = 0;
@@ -199,7 +273,7 @@ absl::StatusOr<std::shared_ptr<const LoadedKernel>> Client::Load(const v1::Atten
     api.cuDriverGetVersion(&v);
     target.set_driver_version(v);
   }
-  auto resp = Fetch(spec, target, deadline);
+  auto resp = FetchRequest(request, deadline);
   if (!resp.ok()) return resp.status();
 
   // The context's unique id where the driver has one: a destroyed context's
@@ -239,8 +313,9 @@ absl::StatusOr<std::shared_ptr<const LoadedKernel>> Client::Load(const v1::Atten
     loaded->module = mod;
     for (const auto& e : (*resp)->record().entry_points()) {
       ci::CUfunction fn = nullptr;
+      const std::string what = absl::StrCat("cuModuleGetFunction(", e.name(), ")");
       if (auto s = ci::CudaStatus(api, api.cuModuleGetFunction(&fn, mod, e.name().c_str()),
-                                  "cuModuleGetFunction");
+                                  what.c_str());
           !s.ok()) {
         return s;
       }

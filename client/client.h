@@ -19,6 +19,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "kcache/v1/service.grpc.pb.h"
@@ -36,6 +37,12 @@ struct ClientOptions {
   absl::Duration initial_backoff = absl::Milliseconds(20);
   absl::Duration max_backoff = absl::Seconds(1);
   int max_message_bytes = 64 << 20;
+  // The daemon's admin token, for raw kernels (FetchRaw / LoadRaw) only: sent
+  // as "authorization: Bearer <token>" on raw requests and on nothing else.
+  // Give the token or a file holding it (read once by Create, surrounding
+  // whitespace stripped, as kcached reads its --admin_token_path); not both.
+  std::string admin_token;
+  std::string admin_token_path;
 };
 
 // A kernel loaded into one CUDA context.
@@ -49,11 +56,16 @@ struct LoadedKernel {
 
   // The CUfunction of the first entry with this role, or nullptr.
   void* Function(v1::EntryRole role) const;
+  // The CUfunction of the entry point with this name (a raw kernel's
+  // RawKernel.kernel_names), or nullptr.
+  void* Function(absl::string_view name) const;
 };
 
 class Client {
  public:
-  // Creates the channel; does not wait for the daemon.
+  // Creates the channel; does not wait for the daemon. InvalidArgument
+  // naming the field for an empty target, both admin-token fields set, or an
+  // admin_token_path that cannot be read or holds no token.
   static absl::StatusOr<std::unique_ptr<Client>> Create(ClientOptions options);
   ~Client();
   Client(const Client&) = delete;
@@ -78,6 +90,29 @@ class Client {
       const v1::AttentionSpec& spec, v1::Target target = {},
       absl::Duration deadline = absl::ZeroDuration());
 
+  // Raw kernels (LLVM IR text / bitcode or PTX, with the kernel names to
+  // export; proto/kcache/v1/spec.proto RawKernel). As Fetch and Load, with
+  // the same retries, memo (per request; per (key, context) for loads) and
+  // errors, plus: PermissionDenied when the daemon refuses this client's
+  // admin token or the client has none (the message says which option to
+  // set); FailedPrecondition also when the daemon has raw kernels disabled
+  // (the message names --enable_raw_kernels); InvalidArgument for input the
+  // daemon rejects (e.g. "raw.source: ..." with the LLVM verifier's message,
+  // "raw.kernel_names[0]: ..."); Unimplemented for LLVM IR on a daemon built
+  // without LLVM. The memo keeps the request (source included) for the
+  // Client's lifetime.
+  //
+  // LoadRaw's functions are LoadedKernel::Function(name), one per kernel
+  // name. The record has no launch facts for raw kernels: the caller knows
+  // grid, block and shared memory (and raises a function's dynamic shared
+  // memory limit itself when it needs over 48 KiB).
+  absl::StatusOr<std::shared_ptr<const v1::GetKernelResponse>> FetchRaw(
+      const v1::RawKernel& raw, const v1::Target& target,
+      absl::Duration deadline = absl::ZeroDuration());
+  absl::StatusOr<std::shared_ptr<const LoadedKernel>> LoadRaw(
+      const v1::RawKernel& raw, v1::Target target = {},
+      absl::Duration deadline = absl::ZeroDuration());
+
   // Schedules compiles at pre-population priority; returns per spec.
   absl::StatusOr<v1::PrefetchResponse> Prefetch(const v1::PrefetchRequest& request,
                                                 absl::Duration deadline = absl::Seconds(30));
@@ -86,13 +121,20 @@ class Client {
   uint64_t rpc_count() const;
 
  private:
-  explicit Client(ClientOptions options);
+  Client(ClientOptions options, std::string admin_token);
 
   struct Flight;  // one in-progress fetch or load, shared by its waiters
+  // Fetch / Load of a whole GetKernelRequest (spec or raw); Load fills the
+  // request's target from the current context when it has none.
+  absl::StatusOr<std::shared_ptr<const v1::GetKernelResponse>> FetchRequest(
+      const v1::GetKernelRequest& request, absl::Duration deadline);
+  absl::StatusOr<std::shared_ptr<const LoadedKernel>> LoadRequest(v1::GetKernelRequest request,
+                                                                   absl::Duration deadline);
   absl::StatusOr<std::shared_ptr<const v1::GetKernelResponse>> CallGetKernel(
       const v1::GetKernelRequest& request, absl::Time deadline);
 
   const ClientOptions options_;
+  std::string admin_token_;  // options_.admin_token or the contents of admin_token_path
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::KernelService::Stub> stub_;
 
