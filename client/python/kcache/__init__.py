@@ -5,7 +5,9 @@ Unix socket) for a kernel by spec and returns the record and cubin;
 `attention_forward` loads that cubin with the CUDA driver (ctypes, once per
 kernel and CUDA context) and launches it on torch's current stream;
 `attention` is the same with autograd (the backward spec's cubin, its
-backward entry points launched in backward()).
+backward entry points launched in backward()). `raw_kernel` / `fetch_raw_kernel`
+(kcache.raw) send LLVM IR or PTX with the daemon's admin token and return the
+loaded functions / the cubin.
 
 Imports neither torch nor the CUDA driver until they are needed. The wire
 contract's Python modules (kcache/v1/*_pb2.py, generated into the build tree
@@ -18,7 +20,8 @@ from kcache import _protos
 _protos.extend_package_path(__path__)
 
 from kcache.errors import (  # noqa: E402
-    CompileError, DeadlineExceeded, KcacheError, InvalidSpec, Unavailable)
+    CompileError, DeadlineExceeded, KcacheError, InvalidSpec, PermissionDenied,
+    RawKernelsDisabled, Unavailable)
 from kcache.specs import (  # noqa: E402
     Expr, alibi, buffer, causal, document, drafter, expr_mask, maximum, minimum, no_mask,
     score_expr, sliding_window, softcap, spec, where, to_spec)
@@ -26,6 +29,7 @@ from kcache.client import Client, KernelResult, default_client, arch_for_capabil
 from kcache.params import ABI_VERSION, AttentionParams, KcBuffer  # noqa: E402
 from kcache.attention import attention_forward, validate_inputs  # noqa: E402
 from kcache.autograd import attention, attention_backward  # noqa: E402
+from kcache.raw import RawModule, fetch_raw_kernel, raw_kernel  # noqa: E402
 
 
 
@@ -40,9 +44,11 @@ def __getattr__(name):
 
 __all__ = [
     "ABI_VERSION", "AttentionParams", "Client", "CompileError", "DeadlineExceeded", "Expr",
-    "InvalidSpec", "KcBuffer", "KcacheError", "KernelResult", "Unavailable", "alibi",
+    "InvalidSpec", "KcBuffer", "KcacheError", "KernelResult", "PermissionDenied",
+    "RawKernelsDisabled", "RawModule", "Unavailable", "alibi",
     "arch_for_capability", "attention", "attention_backward", "attention_forward", "b", "buffer", "causal", "default_client",
-    "document", "drafter", "expr_mask", "h", "kv_idx", "maximum", "minimum", "no_mask", "q_idx",
+    "document", "drafter", "expr_mask", "fetch_raw_kernel", "h", "kv_idx", "maximum", "minimum",
+    "no_mask", "q_idx", "raw_kernel",
     "score", "score_expr", "sliding_window", "softcap", "spec", "to_spec", "validate_inputs",
     "where",
 ]

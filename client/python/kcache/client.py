@@ -11,6 +11,11 @@ with exponential backoff, within its deadline. Errors are kcache.errors:
 InvalidSpec (a ValueError naming the field), CompileError (with the log),
 Unavailable ("no kcache daemon at ..."), DeadlineExceeded.
 
+Raw kernels (get_raw_kernel, load_raw; kcache.raw has the friendlier functions) are
+fetched the same way, with the daemon's admin token (admin_token or admin_token_path
+here, or per call) sent as "authorization: Bearer <token>" on raw requests only; the
+daemon's refusals are PermissionDenied and RawKernelsDisabled.
+
 Ownership: loaded modules live until close() (unloaded then, in their own
 contexts; close the client before destroying those contexts).
 """
@@ -75,10 +80,25 @@ _FIELD = re.compile(r"^([A-Za-z_][\w.\[\]]*)\s*:")
 
 class Client:
     def __init__(self, target=DEFAULT_TARGET, *, default_timeout=600.0, initial_backoff=0.02,
-                 max_backoff=1.0, max_message_bytes=64 << 20):
+                 max_backoff=1.0, max_message_bytes=64 << 20, admin_token=None,
+                 admin_token_path=None):
+        """`admin_token` (or a file holding it, `admin_token_path`, read here with surrounding
+        whitespace stripped as kcached reads its own) is sent with raw-kernel requests only."""
         import grpc
         if not target:
             raise ValueError("target: empty")
+        if admin_token and admin_token_path:
+            raise ValueError("admin_token_path: give admin_token or admin_token_path, not both")
+        if admin_token_path:
+            try:
+                with open(admin_token_path, "rb") as f:
+                    admin_token = f.read().decode().strip()
+            except OSError as e:
+                raise ValueError("admin_token_path: cannot read %s: %s"
+                                 % (admin_token_path, e)) from e
+            if not admin_token:
+                raise ValueError("admin_token_path: %s is empty" % admin_token_path)
+        self.admin_token = admin_token or None
         self._grpc = grpc
         _, _, self._service_pb2, self._service_grpc = _protos.modules()
         self.target = target
@@ -151,6 +171,24 @@ class Client:
         req = self._service_pb2.GetKernelRequest()
         req.spec.CopyFrom(to_spec(spec))
         req.target.CopyFrom(self._target(arch, device, driver_version))
+        return self._fetch(req, timeout)
+
+    def get_raw_kernel(self, raw, arch=None, device=None, timeout=None, driver_version=0,
+                       token=None):
+        """The cubin for a raw kernel (a kcache.v1.RawKernel: LLVM IR text or bitcode or PTX,
+        and the kernel names to export; kcache.raw.raw_message builds one) and a target as
+        for get_kernel. `token` (default: this client's admin token) is sent as
+        "authorization: Bearer <token>". Returns a KernelResult, memoized per request (the
+        memo keeps the source while the client lives); its record has one entry point per
+        kernel name and no launch facts. Errors: PermissionDenied (no token / refused),
+        RawKernelsDisabled, InvalidSpec (e.g. field "raw.source" with the LLVM verifier's
+        message), CompileError, Unavailable, DeadlineExceeded."""
+        req = self._service_pb2.GetKernelRequest()
+        req.raw.CopyFrom(raw)
+        req.target.CopyFrom(self._target(arch, device, driver_version))
+        return self._fetch(req, timeout, token=token or self.admin_token)
+
+    def _fetch(self, req, timeout, token=None):
         memo = req.SerializeToString(deterministic=True)
         deadline = time.monotonic() + (self.default_timeout if timeout is None else float(timeout))
         with self._lock:
@@ -160,7 +198,7 @@ class Client:
                 flight = self._fetches[memo] = _Flight()
         if leader:
             try:
-                resp = self._call(req, deadline)
+                resp = self._call(req, deadline, token)
                 flight.value = KernelResult(resp.record, resp.cubin, resp.cache_hit)
             except BaseException as e:
                 flight.error = e
@@ -175,8 +213,11 @@ class Client:
             raise flight.error
         return flight.value
 
-    def _call(self, req, deadline):
+    def _call(self, req, deadline, token=None):
         grpc = self._grpc
+        raw = req.HasField("raw")
+        # The admin token goes only with raw requests.
+        metadata = (("authorization", "Bearer " + token),) if raw and token else None
         backoff = self.initial_backoff
         last = None
         while True:
@@ -186,11 +227,11 @@ class Client:
             with self._lock:
                 self._rpcs += 1
             try:
-                return self._stub.GetKernel(req, timeout=remaining)
+                return self._stub.GetKernel(req, timeout=remaining, metadata=metadata)
             except grpc.RpcError as e:
                 code = e.code()
                 if code not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED):
-                    raise self._error(e) from None
+                    raise self._error(e, raw=raw, token_sent=bool(metadata)) from None
                 last = e
                 wait = backoff
                 for k, v in (e.trailing_metadata() or ()):
@@ -209,10 +250,23 @@ class Client:
         raise errors.Unavailable("no kcache daemon at %s answered before the deadline%s" % (
             self.target, ": " + last.details() if last is not None else ""))
 
-    def _error(self, e):
+    def _error(self, e, raw=False, token_sent=False):
         """The one adapter from grpc.RpcError to kcache.errors."""
         grpc = self._grpc
         code, msg = e.code(), e.details() or ""
+        if code == grpc.StatusCode.PERMISSION_DENIED:
+            hint = ""
+            if raw:
+                hint = (" (the daemon refused this admin token)" if token_sent else
+                        " (no admin token was sent: pass token=, or give the Client "
+                        "admin_token / admin_token_path)")
+            return errors.PermissionDenied("kcache: permission denied by the daemon at %s: %s%s"
+                                           % (self.target, msg, hint))
+        # The daemon answers FAILED_PRECONDITION both for a failed compile and for raw
+        # kernels switched off; only the latter names the flag.
+        if raw and code == grpc.StatusCode.FAILED_PRECONDITION and "--enable_raw_kernels" in msg:
+            return errors.RawKernelsDisabled("kcache: the daemon at %s does not take raw kernels: "
+                                             "%s" % (self.target, msg))
         if code == grpc.StatusCode.INVALID_ARGUMENT:
             m = _FIELD.match(msg)
             return errors.InvalidSpec("kcache: invalid request: " + msg, m.group(1) if m else None)
@@ -230,7 +284,17 @@ class Client:
         """get_kernel, then load the cubin into `context` (a CUcontext, current on this
         thread), once per (key, context). Returns a kcache.cuda.LoadedKernel."""
         from kcache import cuda
-        result = self.get_kernel(spec, arch=arch, timeout=timeout)
+        return self._load(self.get_kernel(spec, arch=arch, timeout=timeout), context, cuda.load)
+
+    def load_raw(self, raw, arch, context, timeout=None, token=None):
+        """get_raw_kernel, then load the cubin into `context` (current on this thread), once
+        per (key, context). Returns a kcache.cuda.LoadedKernel whose functions are by kernel
+        name."""
+        from kcache import cuda
+        result = self.get_raw_kernel(raw, arch=arch, timeout=timeout, token=token)
+        return self._load(result, context, cuda.load_raw)
+
+    def _load(self, result, context, loader):
         memo = (result.record.key, int(context))
         with self._lock:
             if self._closed:
@@ -241,7 +305,7 @@ class Client:
                 flight = self._loads[memo] = _Flight()
         if leader:
             try:
-                flight.value = cuda.load(result, context)
+                flight.value = loader(result, context)
             except BaseException as e:
                 flight.error = e
                 with self._lock:
@@ -268,9 +332,11 @@ _default_lock = threading.Lock()
 
 
 def default_client():
-    """A process-wide Client for $KCACHE_TARGET (default unix:.kcache/kcached.sock)."""
+    """A process-wide Client for $KCACHE_TARGET (default unix:.kcache/kcached.sock), with the
+    admin token (raw kernels only) from the file $KCACHE_ADMIN_TOKEN_PATH when set."""
     global _default
     with _default_lock:
         if _default is None:
-            _default = Client(os.environ.get("KCACHE_TARGET", DEFAULT_TARGET))
+            _default = Client(os.environ.get("KCACHE_TARGET", DEFAULT_TARGET),
+                              admin_token_path=os.environ.get("KCACHE_ADMIN_TOKEN_PATH") or None)
         return _default

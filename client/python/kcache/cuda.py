@@ -157,8 +157,17 @@ class LoadedKernel:
 
 
 def load(result, context):
-    """Loads a KernelResult's cubin into `context` (current on this thread)."""
+    """Loads an attention KernelResult's cubin into `context` (current on this thread)."""
     check_record_abi(result.record)
+    return _load(result, context, attention=True)
+
+
+def load_raw(result, context):
+    """Loads a raw kernel's KernelResult (no launch ABI of ours) into `context`."""
+    return _load(result, context, attention=False)
+
+
+def _load(result, context, attention):
     cu = lib()
     # The cubin must stay valid only for the call; the driver copies it.
     image = ctypes.create_string_buffer(result.cubin, len(result.cubin))
@@ -175,7 +184,8 @@ def load(result, context):
                                             e.dynamic_smem_bytes),
                       "cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES, %d)"
                       % e.dynamic_smem_bytes)
-            _check_param_size(cu, fn, e.name)
+            if attention:
+                _check_param_size(cu, fn, e.name)
             functions[e.name] = fn.value
     except BaseException:
         cu.cuModuleUnload(mod)
@@ -210,3 +220,75 @@ def launch(function, grid, threads, smem, stream, params):
     arg = (_vp * 1)(ctypes.cast(ctypes.pointer(params), _vp))
     check(lib().cuLaunchKernel(function, grid[0], grid[1], grid[2], threads, 1, 1, smem, stream,
                                arg, None), "cuLaunchKernel")
+
+
+def param_sizes(function):
+    """The byte size of each of a CUfunction's parameters (cuFuncGetParamInfo, driver >=
+    12.4), or None where the driver cannot say."""
+    cu = lib()
+    f = getattr(cu, "cuFuncGetParamInfo", None)
+    if f is None:
+        return None
+    sizes = []
+    off, size = ctypes.c_size_t(), ctypes.c_size_t()
+    while f(function, len(sizes), ctypes.byref(off), ctypes.byref(size)) == 0:
+        sizes.append(size.value)
+    if not sizes and f(function, 0, ctypes.byref(off), ctypes.byref(size)) == 801:
+        return None  # CUDA_ERROR_NOT_SUPPORTED
+    return sizes
+
+
+def pack_args(name, args, sizes):
+    """ctypes values for a kernel's arguments. ctypes instances pass as they are; without
+    them the parameter sizes (param_sizes) decide: torch tensors (anything with data_ptr())
+    and None are 8-byte pointers, ints are 4- or 8-byte integers, floats are float or
+    double. ValueError naming the argument when they do not fit."""
+    if sizes is not None and len(args) != len(sizes):
+        raise ValueError("%s takes %d arguments, got %d" % (name, len(sizes), len(args)))
+    out = []
+    for i, a in enumerate(args):
+        size = None if sizes is None else sizes[i]
+        if isinstance(a, ctypes._SimpleCData) or isinstance(a, ctypes.Structure):
+            if size is not None and ctypes.sizeof(a) != size:
+                raise ValueError("%s argument %d: a %d-byte %s for a %d-byte parameter"
+                                 % (name, i, ctypes.sizeof(a), type(a).__name__, size))
+            out.append(a)
+            continue
+        if a is None:
+            a = 0
+        elif hasattr(a, "data_ptr"):
+            a = a.data_ptr()
+        if size is None:
+            raise ValueError("%s argument %d: give a ctypes value (this driver cannot report "
+                             "parameter sizes)" % (name, i))
+        if isinstance(a, bool) or not isinstance(a, (int, float)):
+            raise ValueError("%s argument %d: %s is not a pointer, number or ctypes value"
+                             % (name, i, type(a).__name__))
+        if isinstance(a, float):
+            if size not in (4, 8):
+                raise ValueError("%s argument %d: a float for a %d-byte parameter"
+                                 % (name, i, size))
+            out.append(ctypes.c_float(a) if size == 4 else ctypes.c_double(a))
+            continue
+        types = {4: (ctypes.c_int32, ctypes.c_uint32), 8: (ctypes.c_int64, ctypes.c_uint64),
+                 2: (ctypes.c_int16, ctypes.c_uint16), 1: (ctypes.c_int8, ctypes.c_uint8)}
+        if size not in types or not -(1 << (8 * size - 1)) <= a < (1 << (8 * size)):
+            raise ValueError("%s argument %d: %d does not fit a %d-byte parameter"
+                             % (name, i, a, size))
+        out.append(types[size][0](a) if a < (1 << (8 * size - 1)) else types[size][1](a))
+    return out
+
+
+def _dim3(name, what, v):
+    v = (v,) if isinstance(v, int) else tuple(v)
+    if not 1 <= len(v) <= 3 or any(not isinstance(x, int) or x < 1 for x in v):
+        raise ValueError("%s %s: one to three positive ints, got %r" % (name, what, v))
+    return v + (1,) * (3 - len(v))
+
+
+def launch_packed(function, grid, block, shared, stream, values):
+    """cuLaunchKernel(function) with `values` (ctypes instances, one per parameter)."""
+    argv = (_vp * max(1, len(values)))(
+        *[ctypes.cast(ctypes.pointer(v), _vp) for v in values])
+    check(lib().cuLaunchKernel(function, grid[0], grid[1], grid[2], block[0], block[1], block[2],
+                               shared, stream, argv, None), "cuLaunchKernel")

@@ -40,3 +40,19 @@ class DeadlineExceeded(KcacheError, TimeoutError):
 
     def __init__(self, message, code="DEADLINE_EXCEEDED"):
         super().__init__(message, code)
+
+
+class PermissionDenied(KcacheError, PermissionError):
+    """The daemon refused the call: raw kernels need its admin token, which this caller
+    did not send or sent wrong (the message says which)."""
+
+    def __init__(self, message, code="PERMISSION_DENIED"):
+        super().__init__(message, code)
+
+
+class RawKernelsDisabled(KcacheError):
+    """The daemon does not take raw kernels (an operator enables them with
+    --enable_raw_kernels)."""
+
+    def __init__(self, message, code="FAILED_PRECONDITION"):
+        super().__init__(message, code)
