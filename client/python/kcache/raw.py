@@ -8,13 +8,15 @@ RawModule: the CUfunction handles by kernel name and `launch`.
 
 The daemon takes raw kernels only when an operator enabled them (--enable_raw_kernels)
 and only from callers with its admin token: `token=`, else the client's admin token
-(Client(admin_token= / admin_token_path=); default_client reads $KCACHE_ADMIN_TOKEN_PATH).
+(Client(admin_token= / admin_token_path=); default_client and the clients made for
+`target=` read the file $KCACHE_ADMIN_TOKEN_PATH).
 Errors: kcache.errors.PermissionDenied, RawKernelsDisabled, InvalidSpec (a ValueError;
 malformed IR carries the LLVM verifier's message, `.field` "raw.source"; an unknown
 kernel name "raw.kernel_names[i]"), CompileError, Unavailable, DeadlineExceeded.
 """
 
 import ctypes
+import os
 import sys
 import threading
 
@@ -50,8 +52,10 @@ def _client(client, target):
     if client is not None:
         return client
     if target is not None:
-        # One client per daemon address, so that the memo works across calls.
-        return _clients_for(target, Client)
+        # One client per daemon address, so that the memo works across calls; its admin
+        # token as default_client's.
+        return _clients_for(target, lambda t: Client(
+            t, admin_token_path=os.environ.get("KCACHE_ADMIN_TOKEN_PATH") or None))
     return default_client()
 
 
