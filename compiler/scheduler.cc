@@ -5,6 +5,7 @@
 // comment stands in for the annotations). Progress events are queued on the
 // waiter under mu_ and delivered after it is released, by whichever thread
 // finds the waiter idle, so that callbacks run in order and without the lock.
+// A callback waiter's DoneFn travels the same way, after its progress events.
 #include "compiler/scheduler.h"
 
 #include <algorithm>
@@ -61,9 +62,17 @@ struct Ticket::Waiter {
   absl::Time deadline;
   ProgressFn progress;
   std::deque<ProgressEvent> pending;  // events not yet delivered
-  bool delivering = false;            // a thread is running `progress`
+  bool delivering = false;            // a thread is running `progress` or `done`
+  std::thread::id delivering_on;      // ... this one
   bool left = false;                  // no longer counted on the job
   bool cancelled = false;
+  // Callback waiters (Ticket::OnDone): `done` until Deliver takes it to run
+  // it; `resolved` once the outcome is known, in `done_outcome` until then.
+  DoneFn done;
+  bool resolved = false;
+  std::optional<CompileResult> done_outcome;
+  bool timed = false;  // `timer` is its entry in Scheduler::timers_
+  std::multimap<absl::Time, std::shared_ptr<Waiter>>::iterator timer;
   // Written and read only by the thread in Wait (one at a time, per contract).
   std::optional<CompileResult> outcome;
 };
@@ -84,6 +93,8 @@ std::optional<CompileResult> Ticket::WaitUntil(absl::Time until) {
 }
 
 void Ticket::Cancel() { scheduler_->CancelWaiter(waiter_, /*abandon=*/false); }
+
+void Ticket::OnDone(DoneFn done) { scheduler_->SetDone(waiter_, std::move(done)); }
 
 void CancelToken::Cancel() {
   absl::MutexLock l(&mu_);
@@ -117,6 +128,13 @@ namespace {
 bool DefaultMemoize(const absl::Status& s) {
   return absl::IsFailedPrecondition(s) || absl::IsInvalidArgument(s);
 }
+absl::Status CancelledWait() { return absl::CancelledError("wait for compile cancelled"); }
+// A waiter's deadline passed before its job finished.
+absl::Status DeadlineError(bool queued, const std::string& queue) {
+  return absl::DeadlineExceededError(
+      absl::StrCat("no compile result within the request deadline (job ",
+                   queued ? "still queued" : "running", " on queue '", queue, "')"));
+}
 }  // namespace
 
 Scheduler::Scheduler(Options options)
@@ -127,11 +145,17 @@ Scheduler::Scheduler(Options options)
   absl::MutexLock l(&join_mu_);
   threads_.reserve(n);
   for (int i = 0; i < n; ++i) threads_.emplace_back([this] { WorkerLoop(); });
+  deadline_thread_ = std::thread([this] { DeadlineLoop(); });
 }
 
 Scheduler::~Scheduler() {
   Shutdown(absl::ZeroDuration()).IgnoreError();
   JoinThreads();
+  {
+    absl::MutexLock l(&mu_);
+    timers_stop_ = true;
+  }
+  deadline_thread_.join();
 }
 
 Scheduler::Queue& Scheduler::GetQueue(const std::string& name) {
@@ -184,6 +208,19 @@ void Scheduler::Finish(Job& job, CompileResult result, WaiterList* notify) {
   job.phase = ok ? Phase::kDone : Phase::kFailed;
   job.result = std::move(result);
   Emit(job, ProgressEvent{job.phase, 0, job.queue->name}, notify);
+  for (const auto& w : job.waiters) Resolve(w, *job.result, notify);
+}
+
+void Scheduler::Resolve(const std::shared_ptr<Waiter>& waiter, const CompileResult& outcome,
+                        WaiterList* notify) {
+  if (!waiter->done || waiter->resolved) return;
+  waiter->resolved = true;
+  waiter->done_outcome = outcome;
+  if (waiter->timed) {
+    timers_.erase(waiter->timer);
+    waiter->timed = false;
+  }
+  notify->push_back(waiter);
 }
 
 void Scheduler::Leave(const std::shared_ptr<Waiter>& waiter, WaiterList* notify) {
@@ -208,13 +245,32 @@ void Scheduler::Deliver(const WaiterList& waiters) {
   for (const auto& w : waiters) {
     for (;;) {
       std::deque<ProgressEvent> batch;
+      DoneFn done;
+      std::optional<CompileResult> outcome;
       {
         absl::MutexLock l(&mu_);
-        if (w->delivering || w->pending.empty()) break;
-        batch.swap(w->pending);
+        // A thread already delivering to this waiter takes what is queued.
+        if (w->delivering) break;
+        if (!w->pending.empty()) {
+          batch.swap(w->pending);
+        } else if (w->done && w->done_outcome.has_value()) {
+          done = std::move(w->done);
+          w->done = nullptr;
+          outcome = std::move(w->done_outcome);
+          w->done_outcome.reset();
+        } else {
+          break;
+        }
         w->delivering = true;
+        w->delivering_on = std::this_thread::get_id();
       }
-      for (const ProgressEvent& e : batch) w->progress(e);
+      if (done) {
+        // It may destroy its Ticket; `w` is kept alive by `waiters`.
+        done(*std::move(outcome));
+        done = nullptr;  // its captures go with no lock held
+      } else {
+        for (const ProgressEvent& e : batch) w->progress(e);
+      }
       absl::MutexLock l(&mu_);
       w->delivering = false;
     }
@@ -355,14 +411,12 @@ std::optional<CompileResult> Scheduler::WaitFor(const std::shared_ptr<Waiter>& w
     auto ready = [&w]() { return w.cancelled || w.job->state == Job::State::kFinished; };
     clock_.AwaitWithDeadline(mu_, absl::Condition(&ready), std::min(until, w.deadline));
     if (waiter->cancelled) {
-      waiter->outcome = absl::CancelledError("wait for compile cancelled");
+      waiter->outcome = CancelledWait();
     } else if (waiter->job->state == Job::State::kFinished) {
       waiter->outcome = *waiter->job->result;
     } else if (clock_.Now() >= waiter->deadline) {
-      waiter->outcome = absl::DeadlineExceededError(
-          absl::StrCat("no compile result within the request deadline (job ",
-                       waiter->job->state == Job::State::kQueued ? "still queued" : "running",
-                       " on queue '", waiter->job->queue->name, "')"));
+      waiter->outcome = DeadlineError(waiter->job->state == Job::State::kQueued,
+                                      waiter->job->queue->name);
     } else {
       return std::nullopt;  // `until` came first; keep waiting later
     }
@@ -381,19 +435,86 @@ std::optional<CompileResult> Scheduler::WaitFor(const std::shared_ptr<Waiter>& w
 
 void Scheduler::CancelWaiter(const std::shared_ptr<Waiter>& waiter, bool abandon) {
   WaiterList notify;
+  DoneFn discarded;  // destroyed with no lock held
   {
     absl::MutexLock l(&mu_);
     waiter->cancelled = true;
     Leave(waiter, &notify);
     if (abandon) {
-      // The ticket is going away: its callback must not run again.
+      // The ticket is going away: its callbacks must not run again. One
+      // running on another thread is waited for; one running on this thread
+      // is the caller (a DoneFn may destroy its own Ticket).
       waiter->pending.clear();
+      discarded = std::move(waiter->done);
+      waiter->done = nullptr;
+      waiter->done_outcome.reset();
+      if (waiter->timed) {
+        timers_.erase(waiter->timer);
+        waiter->timed = false;
+      }
       const Waiter& w = *waiter;
-      auto idle = [&w]() { return !w.delivering; };
+      const std::thread::id self = std::this_thread::get_id();
+      auto idle = [&w, self]() { return !w.delivering || w.delivering_on == self; };
       mu_.Await(absl::Condition(&idle));
+    } else {
+      Resolve(waiter, CancelledWait(), &notify);
     }
   }
   Deliver(notify);
+}
+
+void Scheduler::SetDone(const std::shared_ptr<Waiter>& waiter, DoneFn done) {
+  WaiterList notify;
+  {
+    absl::MutexLock l(&mu_);
+    waiter->done = std::move(done);
+    const Job& job = *waiter->job;
+    if (waiter->cancelled) {
+      Resolve(waiter, CancelledWait(), &notify);
+    } else if (job.state == Job::State::kFinished) {
+      Resolve(waiter, *job.result, &notify);
+    } else if (clock_.Now() >= waiter->deadline) {
+      Resolve(waiter, DeadlineError(job.state == Job::State::kQueued, job.queue->name), &notify);
+      Leave(waiter, &notify);
+    } else if (waiter->deadline != absl::InfiniteFuture()) {
+      waiter->timer = timers_.emplace(waiter->deadline, waiter);
+      waiter->timed = true;
+      ++timers_changed_;
+    }
+  }
+  Deliver(notify);
+}
+
+void Scheduler::DeadlineLoop() {
+  for (;;) {
+    WaiterList notify;
+    {
+      absl::MutexLock l(&mu_);
+      // With no timers it waits on mu_ alone, not on the clock: a FakeClock
+      // counts only threads that wait for a time.
+      auto armed = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return timers_stop_ || !timers_.empty();
+      };
+      mu_.Await(absl::Condition(&armed));
+      if (timers_stop_) return;
+      const uint64_t seen = timers_changed_;
+      auto changed = [this, seen]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return timers_stop_ || timers_changed_ != seen;
+      };
+      clock_.AwaitWithDeadline(mu_, absl::Condition(&changed), timers_.begin()->first);
+      if (timers_stop_) return;
+      const absl::Time now = clock_.Now();
+      while (!timers_.empty() && timers_.begin()->first <= now) {
+        std::shared_ptr<Waiter> w = timers_.begin()->second;
+        timers_.erase(timers_.begin());
+        w->timed = false;
+        const Job& job = *w->job;
+        Resolve(w, DeadlineError(job.state == Job::State::kQueued, job.queue->name), &notify);
+        Leave(w, &notify);
+      }
+    }
+    Deliver(notify);
+  }
 }
 
 bool Scheduler::HasRunnable() const {

@@ -10,10 +10,12 @@
 // that function runs and who receives its result.
 //
 // Thread safety: Scheduler, Ticket::Cancel and CancelToken are safe to use from
-// any thread. A Ticket's Wait/WaitUntil are for one thread at a time.
+// any thread. A Ticket's Wait/WaitUntil are for one thread at a time; a waiter
+// that must not hold a thread (a gRPC callback handler) uses Ticket::OnDone
+// instead.
 //
 // Locking: one mutex (Scheduler::mu_) guards all scheduler state; it is never
-// held across a JobFn or a ProgressFn. Lock order where others take part:
+// held across a JobFn, a ProgressFn or a DoneFn. Lock order where others take part:
 // CancelToken::mu_ -> Scheduler::mu_; FakeClock::mu_ -> Scheduler::mu_.
 // Scheduler::join_mu_ (joining the compile threads) is never held with mu_.
 #pragma once
@@ -68,6 +70,9 @@ struct ProgressEvent {
 using ProgressFn = std::function<void(const ProgressEvent&)>;
 
 using CompileResult = absl::StatusOr<std::shared_ptr<const CompiledKernel>>;
+
+// Receives one waiter's outcome (see Ticket::OnDone).
+using DoneFn = std::function<void(CompileResult)>;
 
 // Reports the phase of a running job (kCompiling is implied when it starts;
 // call with kVerifying when verification begins). Calls outside the job's
@@ -138,6 +143,22 @@ class Ticket {
   // job is still queued and not a prefetch, the job is dropped. Idempotent.
   void Cancel();
 
+  // Waits without a thread: `done` is called exactly once with this waiter's
+  // outcome, the same one Wait would return (the job's result; Cancelled
+  // after Cancel(); DeadlineExceeded at the request's deadline, timed by one
+  // scheduler thread shared by all such waiters). It runs on the thread that
+  // produces the outcome: a compile thread, the caller of Shutdown or Cancel,
+  // the deadline thread, or this caller before OnDone returns when the
+  // outcome is already known. Never with a scheduler lock held, never at the
+  // same time as this waiter's ProgressFn, and after the progress events
+  // queued before the outcome. It must be quick and must not block on the
+  // scheduler. It is never called after the Ticket is destroyed: destroying
+  // the Ticket on another thread while `done` runs blocks until it returns,
+  // and destroying it without an outcome discards `done` uncalled; `done`
+  // itself may destroy the Ticket (as std::stop_callback allows).
+  // Call at most once per Ticket, and not together with Wait/WaitUntil.
+  void OnDone(DoneFn done);
+
  private:
   friend class Scheduler;
   struct Waiter;
@@ -188,7 +209,7 @@ class Scheduler {
 
   explicit Scheduler(Options options);
   // Shuts down with zero grace if not done yet, then joins the compile
-  // threads: it blocks until running jobs return.
+  // threads and the deadline thread: it blocks until running jobs return.
   ~Scheduler();
   Scheduler(const Scheduler&) = delete;
   Scheduler& operator=(const Scheduler&) = delete;
@@ -263,8 +284,14 @@ class Scheduler {
   std::optional<CompileResult> WaitFor(const std::shared_ptr<Waiter>& waiter, absl::Time until)
       ABSL_LOCKS_EXCLUDED(mu_);
   // `abandon`: the Ticket is being destroyed; also discard undelivered events
-  // and wait for a delivery in progress to end.
+  // and the DoneFn, and wait for a delivery in progress on another thread to end.
   void CancelWaiter(const std::shared_ptr<Waiter>& waiter, bool abandon) ABSL_LOCKS_EXCLUDED(mu_);
+  void SetDone(const std::shared_ptr<Waiter>& waiter, DoneFn done) ABSL_LOCKS_EXCLUDED(mu_);
+  // Hands a callback waiter its outcome (once; later calls do nothing) and
+  // queues it for Deliver, which runs its DoneFn.
+  void Resolve(const std::shared_ptr<Waiter>& waiter, const CompileResult& outcome,
+               WaiterList* notify) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void DeadlineLoop();
 
   bool HasRunnable() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool WorkerShouldWake() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -289,6 +316,12 @@ class Scheduler {
   int running_ ABSL_GUARDED_BY(mu_) = 0;
   bool accepting_ ABSL_GUARDED_BY(mu_) = true;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;  // compile threads exit when idle
+  // Callback waiters (OnDone) with a finite deadline, by deadline, for the
+  // deadline thread; timers_changed_ counts insertions, to wake it.
+  std::multimap<absl::Time, std::shared_ptr<Waiter>> timers_ ABSL_GUARDED_BY(mu_);
+  uint64_t timers_changed_ ABSL_GUARDED_BY(mu_) = 0;
+  bool timers_stop_ ABSL_GUARDED_BY(mu_) = false;  // set by the destructor
+  std::thread deadline_thread_;  // started by the constructor, joined by the destructor
 
   absl::Mutex join_mu_;  // serializes joining; never held with mu_
   std::vector<std::thread> threads_ ABSL_GUARDED_BY(join_mu_);

@@ -8,6 +8,7 @@
 #include <latch>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -661,6 +662,218 @@ TEST(SchedulerTest, RejectsInvalidRequests) {
   Request null_kernel = Req(fake, "k", "gpu0");
   null_kernel.job = [](const ReportFn&) -> CompileResult { return nullptr; };
   EXPECT_THAT(scheduler.Run(std::move(null_kernel)), StatusIs(absl::StatusCode::kInternal));
+}
+
+// ---------------------------------------------------------------------------
+// Callback waiters (Ticket::OnDone): no thread blocks per waiter.
+
+// Collects DoneFn outcomes and the threads they ran on.
+class Outcomes {
+ public:
+  DoneFn Fn(int i) {
+    return [this, i](CompileResult r) {
+      absl::MutexLock l(&mu_);
+      results_.emplace(i, std::move(r));
+      threads_.insert(std::this_thread::get_id());
+      ++calls_;
+    };
+  }
+  void WaitFor(int n) {
+    absl::MutexLock l(&mu_);
+    auto done = [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return calls_ >= n; };
+    mu_.Await(absl::Condition(&done));
+  }
+  int calls() {
+    absl::MutexLock l(&mu_);
+    return calls_;
+  }
+  std::map<int, CompileResult> results() {
+    absl::MutexLock l(&mu_);
+    return results_;
+  }
+  std::set<std::thread::id> threads() {
+    absl::MutexLock l(&mu_);
+    return threads_;
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::map<int, CompileResult> results_ ABSL_GUARDED_BY(mu_);
+  std::set<std::thread::id> threads_ ABSL_GUARDED_BY(mu_);
+  int calls_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+TEST(SchedulerTest, OnDoneAnswersManyWaitersOfOneKeyFromTheCompileThread) {
+  constexpr int kWaiters = 500;
+  FakeCompiler fake;
+  Scheduler scheduler(OneThread());
+  fake.Close("k");
+  Outcomes outcomes;
+  std::vector<std::unique_ptr<Ticket>> tickets;
+  for (int i = 0; i < kWaiters; ++i) {
+    auto t = scheduler.Submit(Req(fake, "k", "gpu0"));
+    ASSERT_TRUE(t.ok()) << t.status();
+    (*t)->OnDone(outcomes.Fn(i));
+    tickets.push_back(*std::move(t));
+  }
+  EXPECT_EQ(outcomes.calls(), 0);
+  fake.Open("k");
+  outcomes.WaitFor(kWaiters);
+  EXPECT_EQ(fake.compiles("k"), 1);
+  auto results = outcomes.results();
+  ASSERT_EQ(results.size(), static_cast<size_t>(kWaiters));
+  for (const auto& [i, r] : results) {
+    ASSERT_TRUE(r.ok()) << i << ": " << r.status();
+    EXPECT_EQ(r->get(), results.begin()->second->get()) << i;
+  }
+  // All on the one compile thread, none on this one.
+  EXPECT_EQ(outcomes.threads().size(), 1u);
+  EXPECT_FALSE(outcomes.threads().contains(std::this_thread::get_id()));
+  EXPECT_EQ(StatsOf(scheduler, "gpu0").deduplicated, static_cast<uint64_t>(kWaiters - 1));
+  tickets.clear();
+  EXPECT_EQ(outcomes.calls(), kWaiters);  // exactly once each
+}
+
+TEST(SchedulerTest, OnDoneRunsAtOnceWhenTheOutcomeIsKnown) {
+  FakeCompiler fake;
+  Scheduler scheduler(OneThread());
+  auto first = scheduler.Submit(Req(fake, "k", "gpu0"));
+  ASSERT_TRUE(first.ok());
+  ASSERT_TRUE((*first)->Wait().ok());
+  // A remembered failure resolves its ticket before OnDone is called.
+  Request bad = Req(fake, "bad", "gpu0");
+  bad.job = fake.Job("bad", "gpu0", absl::FailedPreconditionError("compile error"));
+  EXPECT_THAT(scheduler.Run(std::move(bad)), StatusIs(absl::StatusCode::kFailedPrecondition));
+  auto t = scheduler.Submit(Req(fake, "bad", "gpu0"));
+  ASSERT_TRUE(t.ok());
+  std::optional<CompileResult> got;
+  std::thread::id on;
+  (*t)->OnDone([&](CompileResult r) {
+    got = std::move(r);
+    on = std::this_thread::get_id();
+  });
+  ASSERT_TRUE(got.has_value());
+  EXPECT_THAT(*got, StatusIs(absl::StatusCode::kFailedPrecondition));
+  EXPECT_EQ(on, std::this_thread::get_id());
+}
+
+TEST(SchedulerTest, CancelRunsOnDoneWithCancelledAndDropsTheQueuedJob) {
+  FakeCompiler fake;
+  Scheduler scheduler(OneThread());
+  fake.Close("blocker");
+  auto blocker = scheduler.Submit(Req(fake, "blocker", "gpu0"));
+  ASSERT_TRUE(blocker.ok());
+  fake.WaitStarted("blocker");
+  auto t = scheduler.Submit(Req(fake, "queued", "gpu0"));
+  ASSERT_TRUE(t.ok());
+  Outcomes outcomes;
+  (*t)->OnDone(outcomes.Fn(0));
+  (*t)->Cancel();  // runs the callback on this thread, before it returns
+  ASSERT_EQ(outcomes.calls(), 1);
+  EXPECT_THAT(outcomes.results().at(0), StatusIs(absl::StatusCode::kCancelled));
+  (*t)->Cancel();  // idempotent
+  EXPECT_EQ(StatsOf(scheduler, "gpu0").dropped, 1u);
+  EXPECT_EQ(StatsOf(scheduler, "gpu0").depth, 0);
+  fake.Open("blocker");
+  EXPECT_TRUE((*blocker)->Wait().ok());
+  EXPECT_EQ(fake.compiles("queued"), 0);
+  EXPECT_EQ(outcomes.calls(), 1);
+}
+
+TEST(SchedulerTest, OnDoneGetsDeadlineExceededFromTheDeadlineThread) {
+  FakeClock clock;
+  FakeCompiler fake;
+  Scheduler scheduler(OneThread(&clock));
+  fake.Close("slow");
+  auto t = scheduler.Submit(
+      Req(fake, "slow", "gpu0", Priority::kInteractive, clock.Now() + absl::Seconds(10)));
+  ASSERT_TRUE(t.ok());
+  fake.WaitStarted("slow");
+  Outcomes outcomes;
+  (*t)->OnDone(outcomes.Fn(0));
+  clock.BlockUntilWaiters(1);  // the deadline thread waits for the deadline
+  clock.Advance(absl::Seconds(9));
+  EXPECT_EQ(outcomes.calls(), 0);  // 1 s early: nothing may have fired (checked again below)
+  clock.Advance(absl::Seconds(1));
+  outcomes.WaitFor(1);
+  EXPECT_THAT(outcomes.results().at(0), StatusIs(absl::StatusCode::kDeadlineExceeded));
+  EXPECT_FALSE(outcomes.threads().contains(std::this_thread::get_id()));
+  fake.Open("slow");
+  fake.WaitFinished("slow");
+  t->reset();
+  EXPECT_EQ(outcomes.calls(), 1);
+}
+
+TEST(SchedulerTest, ShutdownAnswersQueuedCallbackWaitersUnavailable) {
+  FakeCompiler fake;
+  Scheduler scheduler(OneThread());
+  fake.Close("running");
+  auto running = scheduler.Submit(Req(fake, "running", "gpu0"));
+  ASSERT_TRUE(running.ok());
+  fake.WaitStarted("running");
+  auto queued = scheduler.Submit(Req(fake, "queued", "gpu0"));
+  ASSERT_TRUE(queued.ok());
+  Outcomes outcomes;
+  (*queued)->OnDone(outcomes.Fn(0));
+  (*running)->OnDone(outcomes.Fn(1));
+  std::thread stopper([&] { scheduler.Shutdown(absl::InfiniteDuration()).IgnoreError(); });
+  outcomes.WaitFor(1);
+  EXPECT_THAT(outcomes.results().at(0), StatusIs(absl::StatusCode::kUnavailable));
+  fake.Open("running");
+  outcomes.WaitFor(2);
+  EXPECT_TRUE(outcomes.results().at(1).ok());
+  stopper.join();
+}
+
+TEST(SchedulerTest, DestroyedTicketNeverRunsOnDoneAndOnDoneMayDestroyItsTicket) {
+  FakeCompiler fake;
+  Scheduler scheduler(OneThread());
+  fake.Close("k");
+  Outcomes outcomes;
+  auto dropped = scheduler.Submit(Req(fake, "k", "gpu0"));
+  ASSERT_TRUE(dropped.ok());
+  (*dropped)->OnDone(outcomes.Fn(0));
+  dropped->reset();  // abandoned: its callback is discarded
+
+  auto kept = scheduler.Submit(Req(fake, "k", "gpu0"));
+  ASSERT_TRUE(kept.ok());
+  std::unique_ptr<Ticket> self = *std::move(kept);
+  absl::Notification destroyed;
+  self->OnDone([&](CompileResult r) {
+    EXPECT_TRUE(r.ok()) << r.status();
+    self.reset();  // its own Ticket, from inside the callback
+    destroyed.Notify();
+  });
+  fake.Open("k");
+  destroyed.WaitForNotification();
+  EXPECT_EQ(outcomes.calls(), 0);
+  EXPECT_EQ(fake.compiles("k"), 1);
+}
+
+// A Ticket destroyed on one thread while its callback runs on another waits
+// for the callback to return.
+TEST(SchedulerTest, DestroyingTheTicketWaitsForARunningOnDone) {
+  FakeCompiler fake;
+  Scheduler scheduler(OneThread());
+  fake.Close("k");
+  auto t = scheduler.Submit(Req(fake, "k", "gpu0"));
+  ASSERT_TRUE(t.ok());
+  absl::Notification entered, release;
+  std::atomic<bool> returned{false};
+  (*t)->OnDone([&](CompileResult) {
+    entered.Notify();
+    release.WaitForNotification();
+    returned.store(true);
+  });
+  fake.Open("k");
+  entered.WaitForNotification();
+  std::thread destroyer([&] {
+    t->reset();
+    EXPECT_TRUE(returned.load());
+  });
+  // The destroyer cannot finish before the callback returns; let it go.
+  release.Notify();
+  destroyer.join();
 }
 
 }  // namespace
