@@ -360,6 +360,8 @@ absl::Status Daemon::Shutdown() {
   // Calls still waiting for a compile that outlived the grace are answered
   // UNAVAILABLE now (clients retry), not cancelled at the servers' deadline.
   d.state.abandon_waits.store(true);
+  if (d.kernel_service) d.kernel_service->AbandonWaits();
+  if (d.kernel_service_tcp) d.kernel_service_tcp->AbandonWaits();
   auto deadline = std::chrono::system_clock::now() + std::chrono::seconds(5);
   if (d.local_server) d.local_server->Shutdown(deadline);
   if (d.tcp_server) d.tcp_server->Shutdown(deadline);

@@ -1,7 +1,7 @@
 #include "service/grpc_services.h"
 
 #include <deque>
-#include <thread>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -128,73 +128,161 @@ absl::Time KernelServiceImpl::DeadlineOf(grpc::ServerContextBase* ctx) const {
   return d < cap ? d : cap;  // no deadline from the client = far future
 }
 
+// One GetKernel call waiting for a compile. It owns its Ticket; the ticket's
+// DoneFn answers the call, on whichever thread ends the wait (a compile
+// thread, the scheduler's deadline thread, Shutdown's caller, or the thread
+// that cancels it: OnCancel or AbandonWaits). gRPC deletes it through OnDone,
+// which comes after Finish, which only the DoneFn calls.
+// Lock order: Waiting::mu before WaitingCall::mu_.
+class KernelServiceImpl::WaitingCall final : public grpc::ServerUnaryReactor {
+ public:
+  WaitingCall(grpc::CallbackServerContext* ctx, grpc::ByteBuffer* resp,
+              std::shared_ptr<Waiting> waiting, std::unique_ptr<Ticket> ticket)
+      : ctx_(ctx), resp_(resp), waiting_(std::move(waiting)), ticket_(std::move(ticket)) {}
+
+  // Joins the waiting set and hands the ticket its callback; answers at once
+  // when the outcome is already known or the waits are already abandoned.
+  void Start() {
+    bool abandoned = false;
+    {
+      absl::MutexLock lock(&waiting_->mu);
+      waiting_->calls.insert(this);
+      abandoned = waiting_->abandoned;
+      if (abandoned) MarkStopped(kShutdown);
+    }
+    std::shared_ptr<Ticket> ticket = CurrentTicket();
+    ticket->OnDone([this](CompileResult r) { Answer(std::move(r)); });
+    if (abandoned) ticket->Cancel();
+  }
+
+  // The client went away (or the server is cancelling its calls).
+  void OnCancel() override {
+    std::shared_ptr<Ticket> ticket = CurrentTicket();
+    MarkStopped(kClientGone);
+    if (ticket != nullptr) ticket->Cancel();  // runs Answer here unless already answered
+  }
+
+  void OnDone() override {
+    // The ticket touches the scheduler: release it before leaving the set,
+    // after which the service (and then the scheduler) may be destroyed.
+    std::shared_ptr<Ticket> ticket;
+    {
+      absl::MutexLock lock(&mu_);
+      ticket = std::move(ticket_);
+    }
+    ticket.reset();  // AbandonWaits may still hold it; the answer is given
+    {
+      absl::MutexLock lock(&waiting_->mu);
+      waiting_->calls.erase(this);
+    }
+    delete this;
+  }
+
+  // For AbandonWaits, which holds Waiting::mu (so the call cannot end
+  // meanwhile): the ticket to cancel, or null when the call is ending.
+  std::shared_ptr<Ticket> Abandon() {
+    MarkStopped(kShutdown);
+    return CurrentTicket();
+  }
+
+ private:
+  // Why this side cancelled the ticket; the first reason wins.
+  enum Why : int { kNone, kClientGone, kShutdown };
+  std::shared_ptr<Ticket> CurrentTicket() {
+    absl::MutexLock lock(&mu_);
+    return ticket_;
+  }
+  void MarkStopped(Why why) {
+    int none = kNone;
+    why_.compare_exchange_strong(none, why);
+  }
+
+  // The ticket's DoneFn: the only caller of Finish, and its last touch of
+  // this object (gRPC may run OnDone as soon as Finish is called).
+  void Answer(CompileResult result) {
+    grpc::Status status;
+    const int why = why_.load();
+    if (absl::IsCancelled(result.status()) && why == kShutdown) {
+      status = Reply(ctx_, AbandonedAtShutdown());
+    } else if (absl::IsCancelled(result.status()) && why == kClientGone) {
+      status = grpc::Status(grpc::StatusCode::CANCELLED, "client went away");
+    } else if (auto answer = KernelBackend::Answer(std::move(result)); answer.ok()) {
+      FillRawResponse(*answer, resp_);
+    } else {
+      status = Reply(ctx_, answer.status());
+    }
+    Finish(status);
+  }
+
+  grpc::CallbackServerContext* const ctx_;
+  grpc::ByteBuffer* const resp_;
+  const std::shared_ptr<Waiting> waiting_;
+  absl::Mutex mu_;
+  std::shared_ptr<Ticket> ticket_ ABSL_GUARDED_BY(mu_);  // null once the call is ending
+  std::atomic<int> why_{kNone};
+};
+
 KernelServiceImpl::~KernelServiceImpl() {
-  absl::MutexLock lock(&waiters_->mu);
-  waiters_->mu.Await(absl::Condition(
-      +[](int* running) { return *running == 0; }, &waiters_->running));
+  absl::MutexLock lock(&waiting_->mu);
+  const Waiting& w = *waiting_;
+  auto none = [&w]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(w.mu) { return w.calls.empty(); };
+  waiting_->mu.Await(absl::Condition(&none));
+}
+
+void KernelServiceImpl::AbandonWaits() {
+  std::vector<std::shared_ptr<Ticket>> tickets;
+  {
+    absl::MutexLock lock(&waiting_->mu);
+    waiting_->abandoned = true;
+    for (WaitingCall* call : waiting_->calls) {
+      if (auto t = call->Abandon(); t != nullptr) tickets.push_back(std::move(t));
+    }
+  }
+  // Each runs its call's DoneFn (the answer) here, unless already answered.
+  for (const auto& t : tickets) t->Cancel();
+}
+
+int KernelServiceImpl::waiting_calls() const {
+  absl::MutexLock lock(&waiting_->mu);
+  return static_cast<int>(waiting_->calls.size());
+}
+
+void KernelServiceImpl::AwaitWaitingCalls(int n) const {
+  absl::MutexLock lock(&waiting_->mu);
+  const Waiting& w = *waiting_;
+  auto reached = [&w, n]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(w.mu) {
+    return static_cast<int>(w.calls.size()) == n;
+  };
+  waiting_->mu.Await(absl::Condition(&reached));
 }
 
 grpc::ServerUnaryReactor* KernelServiceImpl::GetKernel(grpc::CallbackServerContext* ctx,
                                                        const grpc::ByteBuffer* request,
                                                        grpc::ByteBuffer* resp) {
-  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  // Answered on this thread (a hit or a refusal): gRPC's default reactor.
+  auto answer_now = [ctx](const grpc::Status& status) {
+    grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+    reactor->Finish(status);
+    return reactor;
+  };
   auto req = std::make_unique<v1::GetKernelRequest>();
   {
     grpc::ByteBuffer bytes(*request);  // shares the slices; Deserialize consumes them
     grpc::Status parsed = grpc::SerializationTraits<v1::GetKernelRequest>::Deserialize(&bytes, req.get());
-    if (!parsed.ok()) {
-      reactor->Finish(parsed);
-      return reactor;
-    }
+    if (!parsed.ok()) return answer_now(parsed);
   }
-  if (absl::Status st = Admit(ctx, *req); !st.ok()) {
-    reactor->Finish(Reply(ctx, st));
-    return reactor;
-  }
+  if (absl::Status st = Admit(ctx, *req); !st.ok()) return answer_now(Reply(ctx, st));
   auto pending = backend_->Begin(*req, DeadlineOf(ctx));
-  if (!pending.ok()) {
-    reactor->Finish(Reply(ctx, pending.status()));
-    return reactor;
-  }
+  if (!pending.ok()) return answer_now(Reply(ctx, pending.status()));
   if (pending->ticket == nullptr) {
     FillRawResponse(pending->answer, resp);
-    reactor->Finish(grpc::Status::OK);
-    return reactor;
+    return answer_now(grpc::Status::OK);
   }
-  // A miss waits for its compile (seconds to minutes) on a thread of its own,
-  // never on gRPC's callback threads, which serve every other call.
-  {
-    absl::MutexLock lock(&waiters_->mu);
-    ++waiters_->running;
-  }
-  std::thread([ctx, resp, reactor, state = state_, waiters = waiters_,
-               ticket = std::move(pending->ticket)]() mutable {
-    grpc::Status status;
-    for (;;) {
-      if (ctx->IsCancelled()) {
-        status = grpc::Status(grpc::StatusCode::CANCELLED, "client went away");
-        break;
-      }
-      if (state->abandon_waits.load()) {
-        status = Reply(ctx, AbandonedAtShutdown());
-        break;
-      }
-      auto r = ticket->WaitUntil(absl::Now() + kCancelPoll);
-      if (!r.has_value()) continue;
-      auto answer = KernelBackend::Answer(*std::move(r));
-      if (answer.ok()) {
-        FillRawResponse(*answer, resp);
-      } else {
-        status = Reply(ctx, answer.status());
-      }
-      break;
-    }
-    ticket.reset();  // touches the scheduler: before the call may end
-    reactor->Finish(status);
-    absl::MutexLock lock(&waiters->mu);
-    --waiters->running;
-  }).detach();
-  return reactor;
+  // A miss waits for its compile (seconds to minutes) without a thread: the
+  // scheduler finishes the call when the wait ends.
+  auto* call = new WaitingCall(ctx, resp, waiting_, std::move(pending->ticket));
+  call->Start();
+  return call;
 }
 
 grpc::Status KernelServiceImpl::GetKernelStream(grpc::ServerContext* ctx,

@@ -5,14 +5,19 @@
 // more than the rest of a hit; bench/service). Its response is written as raw
 // bytes whose cubin part points into the store's shared entry, so the cubin
 // is not copied on its way to the socket. A GetKernel that waits for a
-// compile, and every other method (synchronous handlers), holds a thread of
-// its own while it waits and polls for client cancellation.
+// compile holds no thread: its reactor is finished by the scheduler's
+// completion callback (Ticket::OnDone) on the thread that ends the wait, and
+// client cancellation reaches it through the reactor's OnCancel. Every other
+// method (synchronous handlers) holds a thread of its own while it waits and
+// polls for client cancellation.
 #pragma once
 
 #include <atomic>
 #include <memory>
 #include <string>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/synchronization/mutex.h"
 
 #include "cache/store.h"
@@ -29,6 +34,8 @@ struct ServingState {
   // waiting for a compile are answered UNAVAILABLE (with the retry hint) at
   // once, so that clients retry against the restarted daemon instead of
   // being cancelled when the servers' own shutdown deadline passes.
+  // Streaming calls poll it; GetKernel calls that wait without a thread are
+  // told by KernelServiceImpl::AbandonWaits, which the setter calls too.
   std::atomic<bool> abandon_waits{false};
 };
 
@@ -43,9 +50,10 @@ struct RawKernelPolicy {
 };
 
 // Register one instance with one server (a callback method's handler is
-// bound to the server that registered it). The destructor waits for the
-// threads of GetKernel calls that were waiting for a compile; destroy the
-// server first.
+// bound to the server that registered it). The destructor waits until every
+// GetKernel call that waited for a compile has ended (its reactor done, its
+// Ticket released), so that none touches anything after it; destroy the
+// server first. The Scheduler behind `backend` must outlive this object.
 class KernelServiceImpl final
     : public v1::KernelService::WithRawCallbackMethod_GetKernel<v1::KernelService::Service> {
  public:
@@ -69,12 +77,26 @@ class KernelServiceImpl final
   grpc::Status Prefetch(grpc::ServerContext* ctx, const v1::PrefetchRequest* req,
                         v1::PrefetchResponse* resp) override;
 
+  // Answers every GetKernel call waiting for a compile UNAVAILABLE ("its
+  // compile was abandoned, retry", with the retry hint), now and any that
+  // starts waiting later. For shutdown, once the scheduler's grace for
+  // running compiles has ended (set state->abandon_waits as well, for
+  // GetKernelStream). Thread-safe; calls into gRPC with no lock held.
+  void AbandonWaits();
+
+  // GetKernel calls waiting for a compile right now (a gauge), and a wait
+  // until there are exactly `n` of them (for tests, which must not sleep).
+  int waiting_calls() const;
+  void AwaitWaitingCalls(int n) const;
+
  private:
-  // Threads of GetKernel calls waiting for a compile. Shared with them, so
-  // that a thread's last touch (the decrement) never outlives the object.
-  struct Waiters {
-    absl::Mutex mu;
-    int running ABSL_GUARDED_BY(mu) = 0;
+  class WaitingCall;
+  // The GetKernel calls waiting for a compile. Shared with them, so that a
+  // call's last touch (leaving the set) never outlives the service.
+  struct Waiting {
+    mutable absl::Mutex mu;
+    bool abandoned ABSL_GUARDED_BY(mu) = false;
+    absl::flat_hash_set<WaitingCall*> calls ABSL_GUARDED_BY(mu);
   };
 
   absl::Status Admit(grpc::ServerContextBase* ctx, const v1::GetKernelRequest& req) const;
@@ -90,7 +112,7 @@ class KernelServiceImpl final
   const uint64_t max_spec_bytes_;
   const absl::Duration default_deadline_;
   const RawKernelPolicy raw_;
-  const std::shared_ptr<Waiters> waiters_ = std::make_shared<Waiters>();
+  const std::shared_ptr<Waiting> waiting_ = std::make_shared<Waiting>();
 };
 
 class AdminServiceImpl final : public v1::AdminService::Service {
