@@ -122,8 +122,13 @@ absl::StatusOr<std::shared_ptr<const v1::GetKernelResponse>> Client::CallGetKern
     }
     grpc::Status st = stub_->GetKernel(&ctx, request, resp.get());
     if (st.ok()) return std::shared_ptr<const v1::GetKernelResponse>(std::move(resp));
+    // CANCELLED is retried too: this client never cancels a call itself, so
+    // it comes from the daemon cutting calls off while it shuts down (a
+    // retry after "shutting down, retry" can reach it in that window).
+    // GetKernel is idempotent.
     bool retry = st.error_code() == grpc::StatusCode::UNAVAILABLE ||
-                 st.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED;
+                 st.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED ||
+                 st.error_code() == grpc::StatusCode::CANCELLED;
     absl::Time now = absl::Now();
     if (!retry || now + backoff >= deadline) {
       if (st.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {

@@ -230,7 +230,10 @@ class Client:
                 return self._stub.GetKernel(req, timeout=remaining, metadata=metadata)
             except grpc.RpcError as e:
                 code = e.code()
-                if code not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED):
+                # CANCELLED too: this client never cancels a call, so it is the daemon
+                # cutting calls off while it shuts down (GetKernel is idempotent).
+                if code not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                grpc.StatusCode.CANCELLED):
                     raise self._error(e, raw=raw, token_sent=bool(metadata)) from None
                 last = e
                 wait = backoff
