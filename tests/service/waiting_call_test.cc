@@ -118,6 +118,10 @@ class Fixture {
   }
   ~Fixture() {
     compiler_.Release();
+    // A compile still running (a test may end while one runs, e.g. after
+    // AbandonWaits) publishes through the backend into the store: let it end
+    // before those are destroyed, as Daemon::Shutdown does.
+    scheduler_->Shutdown(absl::InfiniteDuration()).IgnoreError();
     server_->Shutdown(std::chrono::system_clock::now());
     server_.reset();
     service_.reset();
