@@ -539,7 +539,7 @@ extern "C" __global__ void __launch_bounds__(128)
 
 // ---------------------------------------------------------------------------
 // dK, dV (and dQ by atomics unless deterministic).
-// Grid (ceil(kv_len / 64), num_kv_heads, batch); KC_BWD_NUM_WARPS * 32 threads.
+// Grid (ceil(kv_len / KC_BWD_BLOCK_N), num_kv_heads, batch); KC_BWD_NUM_WARPS * 32 threads.
 // ---------------------------------------------------------------------------
 extern "C" __global__ void __launch_bounds__(KC_BWD_NUM_WARPS * 32, 256 / (KC_BWD_NUM_WARPS * 32))
     kcache_attn_bwd_dkdv(const __grid_constant__ kcache::AttentionParams p) {
@@ -932,8 +932,8 @@ extern "C" __global__ void __launch_bounds__(KC_BWD_NUM_WARPS * 32, 256 / (KC_BW
 
 #if KC_DETERMINISTIC
 // ---------------------------------------------------------------------------
-// dQ without atomics: one CTA per (query tile, query head, batch).
-// Grid (ceil(q_len / 64), num_q_heads, batch); KC_BWD_NUM_WARPS * 32 threads.
+// dQ without atomics: one CTA per (KC_BWD_BLOCK_N query rows, query head, batch).
+// Grid (ceil(q_len / KC_BWD_BLOCK_N), num_q_heads, batch); KC_BWD_NUM_WARPS * 32 threads.
 // ---------------------------------------------------------------------------
 extern "C" __global__ void __launch_bounds__(KC_BWD_NUM_WARPS * 32, 256 / (KC_BWD_NUM_WARPS * 32))
     kcache_attn_bwd_dq(const __grid_constant__ kcache::AttentionParams p) {
@@ -946,7 +946,6 @@ extern "C" __global__ void __launch_bounds__(KC_BWD_NUM_WARPS * 32, 256 / (KC_BW
   const int lane = tid & 31;
   const int g = lane >> 2;
   const int t4 = lane & 3;
-  const int l7 = lane & 7;
   // Heavy query tiles (the last ones under causal masks) first within each
   // chunk of the launch order.
   int qt, h, b;
