@@ -11,6 +11,7 @@
 #include "llvm/Config/llvm-config.h"
 #include "llvm/IR/CallingConv.h"
 #include "llvm/IR/Constants.h"
+#include "llvm/IR/Intrinsics.h"
 #include "llvm/IR/LLVMContext.h"
 #include "llvm/IR/LegacyPassManager.h"
 #include "llvm/IR/Metadata.h"
@@ -75,6 +76,19 @@ std::set<const llvm::Function*> AnnotatedKernels(const llvm::Module& m) {
   return out;
 }
 
+// IR with debug info (even line tables only, as Triton emits by default)
+// makes LLVM declare ".target sm_XX, debug", and ptxas refuses optimized code
+// for such a target ("Optimized debugging not supported"). Triton drops the
+// flag from its own PTX the same way; the .loc lines and DWARF sections stay,
+// and ptxas accepts them.
+void DropDebugTarget(std::string& ptx) {
+  const size_t line = ptx.find("\n.target ");  // after LLVM's comment header
+  if (line == std::string::npos) return;
+  const size_t end = ptx.find('\n', line + 1);
+  const size_t flag = ptx.find(", debug", line + 1);
+  if (flag != std::string::npos && (end == std::string::npos || flag < end)) ptx.erase(flag, 7);
+}
+
 }  // namespace
 
 std::string LlvmVersionString() { return LLVM_VERSION_STRING; }
@@ -112,6 +126,19 @@ absl::StatusOr<std::string> LlvmIrToPtx(absl::string_view ir, const IrToPtxOptio
                                                    "\" is not ", kTriple));
   }
   module->setTargetTriple(kTriple);
+
+  // A declaration named llvm.* that this LLVM has no intrinsic for (IR written
+  // by a newer LLVM, e.g. llvm.nvvm.barrier.cta.sync.aligned.all from LLVM 21)
+  // passes the verifier and would be emitted as a call to an external function
+  // of that name, which ptxas then rejects with a bare syntax error.
+  for (const llvm::Function& f : *module) {
+    if (f.isDeclaration() && !f.use_empty() && f.getName().starts_with("llvm.") &&
+        f.getIntrinsicID() == llvm::Intrinsic::not_intrinsic) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "raw.source: uses @", f.getName().str(), ", which is not an intrinsic of LLVM ",
+          LLVM_VERSION_STRING, " (IR from a newer LLVM can name intrinsics this one lacks)"));
+    }
+  }
 
   const std::set<const llvm::Function*> annotated = AnnotatedKernels(*module);
   for (size_t i = 0; i < options.kernel_names.size(); ++i) {
@@ -164,7 +191,9 @@ absl::StatusOr<std::string> LlvmIrToPtx(absl::string_view ir, const IrToPtxOptio
     return absl::InternalError("LLVM's NVPTX target cannot emit PTX");
   }
   passes.run(*module);
-  return std::string(ptx.str());
+  std::string text(ptx.str());
+  DropDebugTarget(text);
+  return text;
 }
 
 }  // namespace kcache

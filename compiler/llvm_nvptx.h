@@ -35,9 +35,12 @@ struct IrToPtxOptions {
 // Parses, verifies (llvm::verifyModule) and compiles `ir` to PTX for the
 // triple nvptx64-nvidia-cuda and processor `options.arch` at -O3 codegen;
 // the PTX ISA version is the least the processor needs (LLVM's choice per
-// processor: 8.0 for sm_90a). Errors:
+// processor: 8.0 for sm_90a). IR with debug info keeps its .loc lines, but
+// the PTX is not marked ".target ..., debug" (ptxas refuses to optimize
+// PTX so marked). Errors:
 //   InvalidArgument   "raw.source: ..." with LLVM's parse diagnostic or the
-//                     verifier's message; a triple other than nvptx64;
+//                     verifier's message; a triple other than nvptx64; a
+//                     used llvm.* function this LLVM has no intrinsic for;
 //                     "raw.kernel_names[i]: ..." for a missing or non-kernel
 //                     function; "target.arch: ..." for a processor LLVM's
 //                     NVPTX backend does not know;
