@@ -101,7 +101,7 @@ absl::StatusOr<CompileOutput> CompileRaw(const RawSource& raw, const std::string
     if (options.ir_to_ptx == nullptr) {
       return absl::UnimplementedError(
           "LLVM IR input needs a kcache-compile-worker built with LLVM (KCACHE_WITH_LLVM=ON); "
-          "this one was built without it (e.g. the static build). PTX input works.");
+          "this one was built without it. PTX input works.");
     }
     IrToPtxOptions o;
     o.bitcode = raw.format == RawFormat::kLlvmBitcode;
