@@ -1,13 +1,20 @@
 """A Triton kernel's own PTX and LLVM IR through kcache's raw front door (issue #8), on a GPU.
 
-Triton compiles a row softmax on this machine (fresh cache); its PTX and LLVM IR are sent
-to a kcached started with raw kernels enabled (admin token). The cubin kcache returns
-(PTX -> nvJitLink) is loaded with the CUDA driver and launched with the arguments Triton's
-own launch used; its output must equal Triton's bit for bit. Prints Triton's compile time
-(first call, empty cache, minus a warm launch) beside kcache's (cold request; warm hit).
-The LLVM IR goes to the same daemon: a daemon built without LLVM (the static build carried
-to GPU machines) answers UNIMPLEMENTED, which is reported, not failed. The IR and PTX are
-written to --out so that they can be compiled elsewhere.
+Triton compiles a row softmax on this machine (fresh cache); its PTX and its LLVM IR (llir)
+are each sent to a kcached started with raw kernels enabled (admin token). Each cubin kcache
+returns (PTX -> nvJitLink; LLVM IR -> LLVM 19 NVPTX -> PTX -> nvJitLink) is loaded with the
+CUDA driver and launched with the arguments Triton's own launch used; its output must equal
+Triton's bit for bit. Prints Triton's compile time (first call, empty cache, minus a warm
+launch) beside kcache's for each input (cold request, worker compile time, warm hit).
+
+Triton's llir is printed by Triton's own, newer LLVM (21+ for Triton 3.6), and LLVM IR text
+is only backward compatible: LLVM 19 may not parse it (e.g. `captures(none)`, `icmp
+samesign`) or may lack an intrinsic it names (e.g. llvm.nvvm.barrier.cta.sync.aligned.all).
+The llir is sent as is first; if kcache answers INVALID_ARGUMENT, the same IR with the
+spellings of LLVM19_REWRITES (each one the older spelling of the same operation, or an
+attribute dropped) is sent once more, and the rewrites applied are printed. A daemon whose
+worker lacks LLVM answers UNIMPLEMENTED, which is reported, not failed. Both IR texts and
+the PTX are written to --out so that they can be compiled elsewhere.
 
   python3 tests/python/triton_raw_gpu.py --kcached dist/kcached --pythonpath-gen .devcarry/pygen --out DIR
 """
@@ -22,6 +29,44 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
+
+# LLVM 20+ spellings in textual IR -> what LLVM 19 reads, each meaning the same or less.
+# (name, pattern, replacement). Dropping an attribute only withholds a fact from LLVM.
+LLVM19_REWRITES = [
+    ("captures(none) -> nocapture (LLVM 21)", r"\bcaptures\(none\)", "nocapture"),
+    ("other captures(...) dropped (LLVM 21)", r" captures\([^)]*\)", ""),
+    ("icmp samesign -> icmp (LLVM 20)", r"\bicmp samesign ", "icmp "),
+    ("nocreateundeforpoison dropped (LLVM 22)", r" nocreateundeforpoison\b", ""),
+    ("initializes(...) dropped (LLVM 20)", r" initializes\((?:\([^()]*\)(?:, )?)+\)", ""),
+    # LLVM 21 folded the CTA barriers into llvm.nvvm.barrier.cta.*; LLVM 19's names for the
+    # same PTX (bar.sync = barrier.sync.aligned).
+    ("barrier.cta.sync.aligned.all -> bar.sync (LLVM 21)",
+     r"@llvm\.nvvm\.barrier\.cta\.sync\.aligned\.all\b", "@llvm.nvvm.bar.sync"),
+    ("barrier.cta.sync.aligned.count -> barrier (LLVM 21)",
+     r"@llvm\.nvvm\.barrier\.cta\.sync\.aligned\.count\b", "@llvm.nvvm.barrier"),
+    ("barrier.cta.sync.all -> barrier.sync (LLVM 21)",
+     r"@llvm\.nvvm\.barrier\.cta\.sync\.all\b", "@llvm.nvvm.barrier.sync"),
+    ("barrier.cta.sync.count -> barrier.sync.cnt (LLVM 21)",
+     r"@llvm\.nvvm\.barrier\.cta\.sync\.count\b", "@llvm.nvvm.barrier.sync.cnt"),
+    # LLVM 21/22 made ex2.approx and fabs overloaded (.f32/.f64 suffixes).
+    ("ex2.approx[.ftz].f32 -> ex2.approx[.ftz].f (LLVM 22)",
+     r"@llvm\.nvvm\.ex2\.approx\.(ftz\.)?f32\b", r"@llvm.nvvm.ex2.approx.\1f"),
+    ("ex2.approx.f64 -> ex2.approx.d (LLVM 22)", r"@llvm\.nvvm\.ex2\.approx\.f64\b",
+     "@llvm.nvvm.ex2.approx.d"),
+    ("fabs[.ftz].f32 -> fabs[.ftz].f (LLVM 21)", r"@llvm\.nvvm\.fabs\.(ftz\.)?f32\b",
+     r"@llvm.nvvm.fabs.\1f"),
+    ("fabs.f64 -> fabs.d (LLVM 21)", r"@llvm\.nvvm\.fabs\.f64\b", "@llvm.nvvm.fabs.d"),
+]
+
+
+def llvm19_ir(llir):
+    """`llir` with LLVM19_REWRITES applied, and [(name, count)] of those that matched."""
+    applied = []
+    for name, pattern, repl in LLVM19_REWRITES:
+        llir, n = re.subn(pattern, repl, llir)
+        if n:
+            applied.append((name, n))
+    return llir, applied
 
 
 def entry_params(ptx, name):
@@ -109,49 +154,90 @@ def main(argv=None):
                 resp = stub.GetKernel(req, metadata=md, timeout=300)
                 return resp, time.perf_counter() - t
 
-            resp, cold = ask(spec_pb2.RawKernel.FORMAT_PTX, ptx.encode())
-            _, warm = ask(spec_pb2.RawKernel.FORMAT_PTX, ptx.encode())
-            print("kcache PTX -> cubin: cold request %.3f s (cache_hit=%s), warm %.4f s; cubin "
-                  "%d B, key %s" % (cold, resp.cache_hit, warm, len(resp.cubin),
-                                    resp.record.key.hex()[:24] if resp.record.key else "?"),
-                  flush=True)
+            def report_times(what, fmt, source, resp, cold):
+                _, warm = ask(fmt, source)
+                print("kcache %s: cold request %.3f s (worker compile %.3f s, cache_hit=%s), warm "
+                      "%.4f s; cubin %d B, key %s"
+                      % (what, cold, resp.record.compile_time_us / 1e6, resp.cache_hit, warm,
+                         len(resp.cubin), resp.record.key.hex()[:24] if resp.record.key else "?"),
+                      flush=True)
 
             cu = kc_attn._lib_cuda()
-            buf = ctypes.create_string_buffer(resp.cubin, len(resp.cubin))
-            mod, fn = ctypes.c_void_p(), ctypes.c_void_p()
-            kc_attn._check(cu.cuModuleLoadData(ctypes.byref(mod), buf), "cuModuleLoadData")
-            kc_attn._check(cu.cuModuleGetFunction(ctypes.byref(fn), mod, name.encode()),
-                           "cuModuleGetFunction")
-            y_kc = torch.full_like(x, float("nan"))
-            values = [y_kc.data_ptr(), x.data_ptr(), cols]
-            cargs = []
-            for i, ty in enumerate(params):  # Triton's trailing scratch pointers get null
-                v = values[i] if i < len(values) else 0
-                if ty in ("u64", "b64", "s64"):
-                    cargs.append(ctypes.c_uint64(v))
-                elif ty in ("u32", "b32", "s32"):
-                    cargs.append(ctypes.c_int32(v))
-                else:
-                    raise RuntimeError("unexpected PTX parameter type .%s" % ty)
-            argv_ = (ctypes.c_void_p * len(cargs))(
-                *[ctypes.cast(ctypes.pointer(a), ctypes.c_void_p) for a in cargs])
-            stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
-            kc_attn._check(cu.cuLaunchKernel(fn, rows, 1, 1, num_warps * 32, 1, 1, shared, stream,
-                                             argv_, None), "cuLaunchKernel")
-            torch.cuda.synchronize()
-            same = torch.equal(y_kc, y_triton)
-            ref_err = (y_kc.double() - torch.softmax(x.double(), dim=1)).abs().max().item()
-            print("%s kcache's cubin vs Triton's binary: %s; max |err| vs float64 softmax %.2e"
-                  % ("PASS" if same else "FAIL", "bit-identical" if same else "DIFFERENT",
-                     ref_err), flush=True)
-            failed = failed or not same
 
+            def run_and_compare(what, cubin):
+                """Launches `name` from `cubin` as Triton launched it; True if bit-identical."""
+                buf = ctypes.create_string_buffer(cubin, len(cubin))
+                mod, fn = ctypes.c_void_p(), ctypes.c_void_p()
+                kc_attn._check(cu.cuModuleLoadData(ctypes.byref(mod), buf), "cuModuleLoadData")
+                try:
+                    kc_attn._check(cu.cuModuleGetFunction(ctypes.byref(fn), mod, name.encode()),
+                                   "cuModuleGetFunction")
+                    y_kc = torch.full_like(x, float("nan"))
+                    values = [y_kc.data_ptr(), x.data_ptr(), cols]
+                    cargs = []
+                    for i, ty in enumerate(params):  # Triton's trailing scratch pointers get null
+                        v = values[i] if i < len(values) else 0
+                        if ty in ("u64", "b64", "s64"):
+                            cargs.append(ctypes.c_uint64(v))
+                        elif ty in ("u32", "b32", "s32"):
+                            cargs.append(ctypes.c_int32(v))
+                        else:
+                            raise RuntimeError("unexpected PTX parameter type .%s" % ty)
+                    argv_ = (ctypes.c_void_p * len(cargs))(
+                        *[ctypes.cast(ctypes.pointer(a), ctypes.c_void_p) for a in cargs])
+                    stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+                    kc_attn._check(cu.cuLaunchKernel(fn, rows, 1, 1, num_warps * 32, 1, 1, shared,
+                                                     stream, argv_, None), "cuLaunchKernel")
+                    torch.cuda.synchronize()
+                finally:
+                    cu.cuModuleUnload(mod)
+                same = torch.equal(y_kc, y_triton)
+                ref_err = (y_kc.double() - torch.softmax(x.double(), dim=1)).abs().max().item()
+                print("%s kcache's cubin from %s vs Triton's binary: %s; max |err| vs float64 "
+                      "softmax %.2e" % ("PASS" if same else "FAIL", what,
+                                        "bit-identical" if same else "DIFFERENT", ref_err),
+                      flush=True)
+                return same
+
+            # PTX half: Triton's PTX -> nvJitLink.
+            fmt = spec_pb2.RawKernel.FORMAT_PTX
+            resp, cold = ask(fmt, ptx.encode())
+            report_times("PTX -> cubin", fmt, ptx.encode(), resp, cold)
+            failed = not run_and_compare("PTX", resp.cubin) or failed
+
+            # LLVM IR half: Triton's llir -> LLVM 19 NVPTX -> PTX -> nvJitLink.
+            fmt = spec_pb2.RawKernel.FORMAT_LLVM_IR
+            source, what = llir, "Triton's llir"
             try:
-                resp_ll, cold_ll = ask(spec_pb2.RawKernel.FORMAT_LLVM_IR, llir.encode())
-                print("kcache LLVM IR -> PTX -> cubin: %.3f s, cubin %d B"
-                      % (cold_ll, len(resp_ll.cubin)), flush=True)
+                try:
+                    resp, cold = ask(fmt, source.encode())
+                except grpc.RpcError as e:
+                    if e.code() != grpc.StatusCode.INVALID_ARGUMENT:
+                        raise
+                    source, applied = llvm19_ir(llir)
+                    print("kcache LLVM IR: LLVM 19 rejects Triton's llir as is:\n  %s"
+                          % e.details().replace("\n", "\n  "), flush=True)
+                    if not applied:
+                        raise
+                    path = os.path.join(args.out, name + ".llvm19.ll")
+                    with open(path, "w") as f:
+                        f.write(source)
+                    what = "Triton's llir in LLVM 19 spelling"
+                    print("kcache LLVM IR: sending it again with %s (written to %s)"
+                          % ("; ".join("%s x%d" % a for a in applied), path), flush=True)
+                    resp, cold = ask(fmt, source.encode())
             except grpc.RpcError as e:
-                print("kcache LLVM IR: %s: %s" % (e.code().name, e.details()), flush=True)
+                if e.code() == grpc.StatusCode.UNIMPLEMENTED:
+                    print("kcache LLVM IR: UNIMPLEMENTED (this kcached's compile worker has no "
+                          "LLVM), reported, not failed: %s" % e.details(), flush=True)
+                else:
+                    print("FAIL kcache LLVM IR (%s): %s: %s" % (what, e.code().name, e.details()),
+                          flush=True)
+                    failed = True
+            else:
+                report_times("LLVM IR -> PTX -> cubin (%s)" % what, fmt, source.encode(), resp,
+                             cold)
+                failed = not run_and_compare("LLVM IR", resp.cubin) or failed
     finally:
         print("daemon exit:", d.stop(), flush=True)
     print("IR and PTX written to", args.out)
