@@ -9,8 +9,10 @@
 #
 # dist/kcached (~23 MB) and dist/kcache-compile-worker (~22 MB) are for local
 # use; dist/kcache-dist.tar.xz (~13 MB, both of them) is what to carry to the
-# GPU machine, and there unpacks in place with:
+# GPU machine (carry dist/kcache-dist.tar.xz alone), and there unpacks in place with:
 #   tar -xJf dist/kcache-dist.tar.xz -C dist
+# or, where there is no xz:
+#   python3 -c "import tarfile; tarfile.open('dist/kcache-dist.tar.xz').extractall('dist')"
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/build.sh
