@@ -66,6 +66,8 @@ absl::StatusOr<v1::Toolchain> RawToolchain(const NvJitLink& linker) {
   if (!build.ok()) return build.status();
   const std::string llvm = ConfiguredLlvmVersion();
   // The NVPTX codegen settings of compiler/llvm_nvptx.cc, then nvJitLink's.
+  // Its dropping of ".target sm_XX, debug" from the PTX of IR with debug info
+  // is not listed: such IR failed in ptxas before, so no stored entry differs.
   std::vector<std::string> options = {"llvm:triple=nvptx64-nvidia-cuda", "llvm:codegen-O3",
                                       "llvm:ptx=min-for-arch"};
   for (const std::string& o : CanonicalNvJitLinkOptions()) options.push_back(o);

@@ -1,7 +1,7 @@
 // kcache-compile-worker: one isolated NVRTC compiler process, started and
 // reused by WorkerPool (compiler/worker_pool.h). Not meant to be run by hand.
-// Built with LLVM (KCACHE_WORKER_WITH_LLVM) it also compiles raw LLVM IR;
-// the static build leaves LLVM out and answers those Unimplemented.
+// Built with LLVM (KCACHE_WORKER_WITH_LLVM, the static build included) it
+// also compiles raw LLVM IR; without it those requests answer Unimplemented.
 #include <cstdio>
 
 #include "compiler/worker.h"
