@@ -19,6 +19,7 @@ namespace {
 
 using ::kcache::testing::StatusIs;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 std::string Fixture(const std::string& name) {
   std::ifstream in(std::string(KCACHE_RAW_FIXTURES) + "/" + name, std::ios::binary);
@@ -78,6 +79,16 @@ TEST_P(RawCompileTest, LlvmIrText) {
   ExpectKernels(*out, GetParam(), {"kc_vadd"});
 }
 
+// Line-table debug info as Triton emits it: LLVM marks the PTX
+// ".target sm_XX, debug", and ptxas refused that ("Optimized debugging not
+// supported") until llvm_nvptx.cc dropped the flag.
+TEST_P(RawCompileTest, LlvmIrWithDebugInfo) {
+  auto out = CompileRaw(Source(RawFormat::kLlvmIr, "vadd_debug.ll", {"kc_vadd_debug"}), GetParam(),
+                        Options());
+  ASSERT_TRUE(out.ok()) << out.status();
+  ExpectKernels(*out, GetParam(), {"kc_vadd_debug"});
+}
+
 TEST_P(RawCompileTest, LlvmBitcode) {
   auto out =
       CompileRaw(Source(RawFormat::kLlvmBitcode, "vadd.bc", {"kc_vadd"}), GetParam(), Options());
@@ -115,6 +126,39 @@ TEST(RawCompile, VerifierRejectsMalformedIr) {
   EXPECT_THAT(out.status(), StatusIs(absl::StatusCode::kInvalidArgument));
   EXPECT_THAT(out.status().message(), HasSubstr("verifier"));
   EXPECT_THAT(out.status().message(), HasSubstr("does not dominate all uses"));
+}
+
+TEST(RawCompile, DebugInfoKeepsLineTablesButNotTheDebugTarget) {
+  IrToPtxOptions o;
+  o.arch = "sm_80";
+  o.kernel_names = {"kc_vadd_debug"};
+  auto ptx = LlvmIrToPtx(Fixture("vadd_debug.ll"), o);
+  ASSERT_TRUE(ptx.ok()) << ptx.status();
+  EXPECT_THAT(*ptx, HasSubstr("\n.target sm_80\n"));
+  EXPECT_THAT(*ptx, Not(HasSubstr(", debug")));
+  EXPECT_THAT(*ptx, HasSubstr(".loc"));
+  EXPECT_THAT(*ptx, HasSubstr("vadd.py"));
+}
+
+// IR from LLVM 21+ (Triton 3.6) can call intrinsics LLVM 19 lacks; they pass
+// the verifier as plain external functions, and ptxas used to answer with a
+// bare syntax error. A declaration nobody calls is harmless and accepted.
+TEST(RawCompile, UnknownIntrinsicIsInvalidArgumentNamingIt) {
+  NvJitLink linker;
+  RawCompileOptions o{&linker, &LlvmIrToPtx, false};
+  const std::string head =
+      "target triple = \"nvptx64-nvidia-cuda\"\n"
+      "declare void @llvm.nvvm.barrier.cta.sync.aligned.all(i32)\n"
+      "define ptx_kernel void @kc_sync() {\n";
+  const std::string call = "  call void @llvm.nvvm.barrier.cta.sync.aligned.all(i32 0)\n";
+  auto used = CompileRaw(
+      RawSource{RawFormat::kLlvmIr, head + call + "  ret void\n}\n", {"kc_sync"}}, "sm_80", o);
+  EXPECT_THAT(used.status(), StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(used.status().message(), HasSubstr("@llvm.nvvm.barrier.cta.sync.aligned.all"));
+  EXPECT_THAT(used.status().message(), HasSubstr("not an intrinsic of LLVM 19"));
+  auto unused =
+      CompileRaw(RawSource{RawFormat::kLlvmIr, head + "  ret void\n}\n", {"kc_sync"}}, "sm_80", o);
+  EXPECT_TRUE(unused.ok()) << unused.status();
 }
 
 TEST(RawCompile, ParseErrorIsInvalidArgumentWithLocation) {
