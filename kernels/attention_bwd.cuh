@@ -335,6 +335,13 @@ __device__ __forceinline__ float score_mod(float x, const ScoreCtx& sc, int b, i
 // dK/dV CTA walks every query head of its group, so the heavy ones are
 // `group` times longer: they go first across all pairs (the drafter
 // training shape: 6.3 ms against 7.6 with chunks of 4).
+// On sm_90+ (two dS^T buffers, AttentionBwdDsBuffers) the dQ of a query
+// step runs at the start of the next one: its dS^T is complete at that
+// step's barrier, so the step needs one barrier instead of two and the dQ
+// reductions drain while the next S and dP run (causal B4 H32 S4096 D128
+// dK/dV 6.70 -> 6.56 ms, drafter training shape 9.92 -> 9.45 ms on an H200).
+constexpr int kDsBufs = AttentionBwdDsBuffers(KC_ARCH);
+constexpr bool kDqLag = kDsBufs == 2;
 #ifndef KC_BWD_HEAD_CHUNK
 #define KC_BWD_HEAD_CHUNK 4
 #endif
@@ -386,6 +393,17 @@ __device__ __forceinline__ void element_grad(float s, float dp, float lse2, floa
     ds = dy * dydx * kScale;
 #endif
   }
+}
+
+// dS^T for dQ: the k16 step kk of this thread's dS fragment (keys row0 and
+// row0 + 8) into the swizzled [key][query] tile at ds_t.
+__device__ __forceinline__ void store_ds_t(unsigned ds_t, int row0, int kk, int t4,
+                                           const unsigned (&sa)[4]) {
+  const int r0 = row0, r1 = row0 + 8;
+  st_shared_u32(ds_t + r0 * (kBM * 2) + (((2 * kk) ^ (r0 & 7)) << 4) + t4 * 4, sa[0]);
+  st_shared_u32(ds_t + r1 * (kBM * 2) + (((2 * kk) ^ (r1 & 7)) << 4) + t4 * 4, sa[1]);
+  st_shared_u32(ds_t + r0 * (kBM * 2) + (((2 * kk + 1) ^ (r0 & 7)) << 4) + t4 * 4, sa[2]);
+  st_shared_u32(ds_t + r1 * (kBM * 2) + (((2 * kk + 1) ^ (r1 & 7)) << 4) + t4 * 4, sa[3]);
 }
 
 // ---- the warp-level GEMM steps both kernels are made of ------------------
@@ -571,16 +589,17 @@ extern "C" __global__ void __launch_bounds__(KC_BWD_NUM_WARPS * 32, 256 / (KC_BW
   const unsigned sV = sK + kBN * kDQK * 2;
   // Two stages of [Q | dO].
   const unsigned sQ = sV + kBN * kDV * 2;
-  const unsigned sS = sQ + 2 * (kQB + kOB);  // dS^T [key][query]
-  const unsigned sLse = sS + kBN * kBM * 2;  // [2][kBM] float, then delta [2][kBM]
+  constexpr int kSB = kBN * kBM * 2;
+  const unsigned sS = sQ + 2 * (kQB + kOB);  // kDsBufs dS^T [key][query] tiles
+  const unsigned sLse = sS + kDsBufs * kSB;  // [2][kBM] float, then delta [2][kBM]
   const unsigned sDel = sLse + 2 * kBM * 4;
   unsigned char* const base = smem + (sDel + 2 * kBM * 4 - sK);
   int4* rowdata = reinterpret_cast<int4*>(base);                 // [2][kBM]
   unsigned* list = reinterpret_cast<unsigned*>(base + 2 * kBM * 16);
   int* misc = reinterpret_cast<int*>(base + 2 * kBM * 16 + 4 * kList);
-  static_assert(2 * kQB + 2 * kOB + kBN * (kDQK + kDV) * 2 + kBN * kBM * 2 + 2 * kBM * 8 +
+  static_assert(2 * kQB + 2 * kOB + kBN * (kDQK + kDV) * 2 + kDsBufs * kSB + 2 * kBM * 8 +
                         2 * kBM * 16 + 4 * kList + 16 ==
-                    AttentionBwdDkdvSmemBytes(kBM, kBN, kDQK, kDV),
+                    AttentionBwdDkdvSmemBytes(KC_ARCH, kBM, kBN, kDQK, kDV),
                 "shared-memory layout out of step with attention_tiles.h");
   const float* lse_s = reinterpret_cast<const float*>(smem + (sLse - sK));
   const float* del_s = reinterpret_cast<const float*>(smem + (sDel - sK));
@@ -734,6 +753,91 @@ extern "C" __global__ void __launch_bounds__(KC_BWD_NUM_WARPS * 32, 256 / (KC_BW
   const unsigned k_a = sK + (warp * 16 + (lane & 15)) * (kDQK * 2);
   const unsigned v_a = sV + (warp * 16 + (lane & 15)) * (kDV * 2);
 
+#if !KC_DETERMINISTIC
+  // dQ partial of the item at (query head hq, rows m0) from its dS^T at ds_t.
+  auto dq_step = [&](int hq, int m0, unsigned ds_t) {
+    // dQ = dS K for this query step: warp w adds a 32 x 32 block (rows
+    // 32 * (w % 2), columns 32 * (w / 2) + k * 32 * kNW / 2): two m16 tiles
+    // share each K fragment and two n8 pairs share each dS fragment. dS
+    // comes from dS^T (transposed), K transposed.
+    constexpr int kColGroups = kNW / 2;
+    const int r0w = (warp & 1) * 32;
+    float* acc_row = p.dq_accum +
+                     ((static_cast<long long>(b) * p.num_q_heads + hq) * q_len + m0) * kDQK;
+#pragma unroll
+    for (int c0 = (warp >> 1) * 32; c0 < kDQK; c0 += 32 * kColGroups) {
+      float acc[2][4][4];
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc[mt][i][0] = acc[mt][i][1] = acc[mt][i][2] = acc[mt][i][3] = 0.f;
+      }
+#pragma unroll
+      for (int kk = 0; kk < kBN / 16; ++kk) {
+        unsigned da[2][4];
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt) {
+          const int ds_chunk = (r0w >> 3) + 2 * mt + ((lane >> 3) & 1);
+          ldsm_x4_t(ds_t + (kk * 16 + brow) * (kBM * 2) + ((ds_chunk ^ l7) << 4), da[mt][0],
+                    da[mt][1], da[mt][2], da[mt][3]);
+        }
+#pragma unroll
+        for (int dpair = 0; dpair < 2; ++dpair) {
+          unsigned b0, b1, b2, b3;
+          ldsm_x4_t(sK + (kk * 16 + trow) * (kDQK * 2) + (((c0 / 16 + dpair) * 32) ^ akey), b0,
+                    b1, b2, b3);
+#pragma unroll
+          for (int mt = 0; mt < 2; ++mt) {
+            mma16816(acc[mt][2 * dpair], da[mt], b0, b1);
+            mma16816(acc[mt][2 * dpair + 1], da[mt], b2, b3);
+          }
+        }
+      }
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt) {
+#if KC_ARCH >= 90
+        // Vector reductions: lanes t4 and t4 ^ 1 swap halves so that each
+        // adds four consecutive columns of one row (even t4: row g, odd:
+        // row g + 8), a quarter of the scalar reductions.
+        const int odd = t4 & 1;
+        const int r = r0w + mt * 16 + g + 8 * odd;
+        float* dst = acc_row + r * kDQK + c0 + 2 * (t4 & ~1);
+#pragma unroll
+        for (int dt = 0; dt < 4; ++dt) {
+          const float s0 = odd ? acc[mt][dt][0] : acc[mt][dt][2];
+          const float s1 = odd ? acc[mt][dt][1] : acc[mt][dt][3];
+          const float x0 = __shfl_xor_sync(0xffffffffu, s0, 1);
+          const float x1 = __shfl_xor_sync(0xffffffffu, s1, 1);
+          const float v0 = odd ? x0 : acc[mt][dt][0];
+          const float v1 = odd ? x1 : acc[mt][dt][1];
+          const float v2 = odd ? acc[mt][dt][2] : x0;
+          const float v3 = odd ? acc[mt][dt][3] : x1;
+          if (m0 + r < q_len) {
+            asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(dst + dt * 8),
+                         "f"(v0), "f"(v1), "f"(v2), "f"(v3)
+                         : "memory");
+          }
+        }
+#else
+#pragma unroll
+        for (int hh2 = 0; hh2 < 2; ++hh2) {
+          const int r = r0w + mt * 16 + g + 8 * hh2;
+          if (m0 + r < q_len) {
+            float* dst = acc_row + r * kDQK + c0 + 2 * t4;
+#pragma unroll
+            for (int dt = 0; dt < 4; ++dt) {
+              atomicAdd(dst + dt * 8, acc[mt][dt][hh2 * 2]);
+              atomicAdd(dst + dt * 8 + 1, acc[mt][dt][hh2 * 2 + 1]);
+            }
+          }
+        }
+#endif
+      }
+    }
+  };
+  int prev_hq = 0, prev_m0 = 0;  // the item before `it`
+#endif
+
   float dk[kDTQ][4];
   float dv[kDTV][4];
 #pragma unroll
@@ -766,6 +870,11 @@ extern "C" __global__ void __launch_bounds__(KC_BWD_NUM_WARPS * 32, 256 / (KC_BW
     const int m0 = qt * kBM;
     const unsigned q_s = sQ + st * (kQB + kOB);
     const unsigned o_s = q_s + kQB;
+#if !KC_DETERMINISTIC
+    if constexpr (kDqLag) {
+      if (it > 0) dq_step(prev_hq, prev_m0, sS + (st ^ 1) * kSB);
+    }
+#endif
 
     // S^T = K Q^T and dP^T = V dO^T: 16 keys x 64 queries per warp.
     float s[kNT][4], dp[kNT][4];
@@ -806,114 +915,45 @@ extern "C" __global__ void __launch_bounds__(KC_BWD_NUM_WARPS * 32, 256 / (KC_BW
       }
     }
 
-    // dV += P^T dO and dK += dS^T Q (A from registers, B = dO / Q transposed).
+    // P and dS as A fragments (all packed before the GEMMs: the drafter
+    // variants spill 40-60 B otherwise), dS^T to shared memory for dQ, then
+    // dV += P^T dO and dK += dS^T Q (B = dO / Q transposed).
+    unsigned pa[kNT / 2][4], sa[kNT / 2][4];
 #pragma unroll
     for (int kk = 0; kk < kNT / 2; ++kk) {
-      unsigned pa[4], sa[4];
-      pack_a(s, kk, pa);
-      pack_a(dp, kk, sa);
+      pack_a(s, kk, pa[kk]);
+      pack_a(dp, kk, sa[kk]);
 #if !KC_DETERMINISTIC
-      // dS^T to shared memory for dQ: row key, 16-byte chunk = n8 tile.
-      {
-        const int r0 = key_row0, r1 = key_row0 + 8;
-        st_shared_u32(sS + r0 * (kBM * 2) + (((2 * kk) ^ (r0 & 7)) << 4) + t4 * 4, sa[0]);
-        st_shared_u32(sS + r1 * (kBM * 2) + (((2 * kk) ^ (r1 & 7)) << 4) + t4 * 4, sa[1]);
-        st_shared_u32(sS + r0 * (kBM * 2) + (((2 * kk + 1) ^ (r0 & 7)) << 4) + t4 * 4, sa[2]);
-        st_shared_u32(sS + r1 * (kBM * 2) + (((2 * kk + 1) ^ (r1 & 7)) << 4) + t4 * 4, sa[3]);
-      }
+      store_ds_t(sS + (kDqLag ? st * kSB : 0), key_row0, kk, t4, sa[kk]);
 #endif
-      gemm_step_ab<kDV>(dv, pa, o_s, kk, ln);
-      gemm_step_ab<kDQK>(dk, sa, q_s, kk, ln);
+    }
+#pragma unroll
+    for (int kk = 0; kk < kNT / 2; ++kk) {
+      gemm_step_ab<kDV>(dv, pa[kk], o_s, kk, ln);
+      gemm_step_ab<kDQK>(dk, sa[kk], q_s, kk, ln);
     }
 
 #if !KC_DETERMINISTIC
-    __syncthreads();  // dS^T complete
-    {
-      // dQ = dS K for this query step: warp w adds a 32 x 32 block (rows
-      // 32 * (w % 2), columns 32 * (w / 2) + k * 32 * kNW / 2): two m16 tiles
-      // share each K fragment and two n8 pairs share each dS fragment. dS
-      // comes from dS^T (transposed), K transposed.
-      constexpr int kColGroups = kNW / 2;
-      const int r0w = (warp & 1) * 32;
-      float* acc_row = p.dq_accum +
-                       ((static_cast<long long>(b) * p.num_q_heads + hq) * q_len + m0) * kDQK;
-#pragma unroll
-      for (int c0 = (warp >> 1) * 32; c0 < kDQK; c0 += 32 * kColGroups) {
-        float acc[2][4][4];
-#pragma unroll
-        for (int mt = 0; mt < 2; ++mt) {
-#pragma unroll
-          for (int i = 0; i < 4; ++i) acc[mt][i][0] = acc[mt][i][1] = acc[mt][i][2] = acc[mt][i][3] = 0.f;
-        }
-#pragma unroll
-        for (int kk = 0; kk < kBN / 16; ++kk) {
-          unsigned da[2][4];
-#pragma unroll
-          for (int mt = 0; mt < 2; ++mt) {
-            const int ds_chunk = (r0w >> 3) + 2 * mt + ((lane >> 3) & 1);
-            ldsm_x4_t(sS + (kk * 16 + brow) * (kBM * 2) + ((ds_chunk ^ l7) << 4), da[mt][0],
-                      da[mt][1], da[mt][2], da[mt][3]);
-          }
-#pragma unroll
-          for (int dpair = 0; dpair < 2; ++dpair) {
-            unsigned b0, b1, b2, b3;
-            ldsm_x4_t(sK + (kk * 16 + trow) * (kDQK * 2) + (((c0 / 16 + dpair) * 32) ^ akey), b0,
-                      b1, b2, b3);
-#pragma unroll
-            for (int mt = 0; mt < 2; ++mt) {
-              mma16816(acc[mt][2 * dpair], da[mt], b0, b1);
-              mma16816(acc[mt][2 * dpair + 1], da[mt], b2, b3);
-            }
-          }
-        }
-#pragma unroll
-        for (int mt = 0; mt < 2; ++mt) {
-#if KC_ARCH >= 90
-          // Vector reductions: lanes t4 and t4 ^ 1 swap halves so that each
-          // adds four consecutive columns of one row (even t4: row g, odd:
-          // row g + 8), a quarter of the scalar reductions.
-          const int odd = t4 & 1;
-          const int r = r0w + mt * 16 + g + 8 * odd;
-          float* dst = acc_row + r * kDQK + c0 + 2 * (t4 & ~1);
-#pragma unroll
-          for (int dt = 0; dt < 4; ++dt) {
-            const float s0 = odd ? acc[mt][dt][0] : acc[mt][dt][2];
-            const float s1 = odd ? acc[mt][dt][1] : acc[mt][dt][3];
-            const float x0 = __shfl_xor_sync(0xffffffffu, s0, 1);
-            const float x1 = __shfl_xor_sync(0xffffffffu, s1, 1);
-            const float v0 = odd ? x0 : acc[mt][dt][0];
-            const float v1 = odd ? x1 : acc[mt][dt][1];
-            const float v2 = odd ? acc[mt][dt][2] : x0;
-            const float v3 = odd ? acc[mt][dt][3] : x1;
-            if (m0 + r < q_len) {
-              asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(dst + dt * 8),
-                           "f"(v0), "f"(v1), "f"(v2), "f"(v3)
-                           : "memory");
-            }
-          }
-#else
-#pragma unroll
-          for (int hh2 = 0; hh2 < 2; ++hh2) {
-            const int r = r0w + mt * 16 + g + 8 * hh2;
-            if (m0 + r < q_len) {
-              float* dst = acc_row + r * kDQK + c0 + 2 * t4;
-#pragma unroll
-              for (int dt = 0; dt < 4; ++dt) {
-                atomicAdd(dst + dt * 8, acc[mt][dt][hh2 * 2]);
-                atomicAdd(dst + dt * 8 + 1, acc[mt][dt][hh2 * 2 + 1]);
-              }
-            }
-          }
-#endif
-        }
-      }
+    if constexpr (!kDqLag) {
+      __syncthreads();  // dS^T complete
+      dq_step(hq, m0, sS);
     }
+    prev_hq = hq;
+    prev_m0 = m0;
 #endif
     if constexpr (kRowData) {
       if (it + 1 < n_items && tid < kBM) rowdata[(st ^ 1) * kBM + tid] = row_data(p, next_q, next_raw);
     }
   }
   cp_async_wait<0>();
+#if !KC_DETERMINISTIC
+  if constexpr (kDqLag) {
+    if (n_items > 0) {
+      __syncthreads();  // the last item's dS^T complete
+      dq_step(prev_hq, prev_m0, sS + ((n_items - 1) & 1) * kSB);
+    }
+  }
+#endif
 
   // dK and dV of this thread's two keys, in the dtype.
 #pragma unroll

@@ -154,11 +154,16 @@ constexpr int kAttnBwdAuxThreads = 256;
 constexpr int kAttnBwdMaxList = 1024;
 
 // dK/dV kernel: K and V of the CTA's keys, two stages of Q and dO, the dS^T
-// tile, two stages of (LSE, delta) and of per-row mask data, the tile list
-// and counters. No alignment slack: the backward has no wgmma path.
-KC_TILES_HD constexpr int AttentionBwdDkdvSmemBytes(int block_m, int block_n, int dqk, int dv) {
-  return block_n * (dqk + dv) * 2 + 2 * block_m * (dqk + dv) * 2 + block_n * block_m * 2 +
-         2 * block_m * 8 + 2 * block_m * 16 + 4 * kAttnBwdMaxList + 16;
+// tile (two on sm_90+, where the dQ of a query step runs one step late:
+// AttentionBwdDsBuffers), two stages of (LSE, delta) and of per-row mask
+// data, the tile list and counters. No alignment slack: the backward has no
+// wgmma path.
+KC_TILES_HD constexpr int AttentionBwdDsBuffers(int arch) { return arch >= 90 ? 2 : 1; }
+KC_TILES_HD constexpr int AttentionBwdDkdvSmemBytes(int arch, int block_m, int block_n, int dqk,
+                                                    int dv) {
+  return block_n * (dqk + dv) * 2 + 2 * block_m * (dqk + dv) * 2 +
+         AttentionBwdDsBuffers(arch) * block_n * block_m * 2 + 2 * block_m * 8 +
+         2 * block_m * 16 + 4 * kAttnBwdMaxList + 16;
 }
 
 // dQ kernel: Q and dO of the CTA's block_n rows, two stages of K and V
@@ -182,7 +187,7 @@ KC_TILES_HD constexpr AttentionBwdTiles SelectAttentionBwdTiles(int arch, int he
     return zero;
   }
   const AttentionBwdTiles t{64, 128, 8,
-                            AttentionBwdDkdvSmemBytes(64, 128, head_dim_qk, head_dim_v),
+                            AttentionBwdDkdvSmemBytes(arch, 64, 128, head_dim_qk, head_dim_v),
                             AttentionBwdDqSmemBytes(64, 128, head_dim_qk, head_dim_v)};
   const int limit = AttentionMaxSmemPerBlock(arch);
   return t.smem_dkdv <= limit && t.smem_dq <= limit ? t : zero;

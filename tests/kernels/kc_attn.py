@@ -94,8 +94,9 @@ _SMEM_LIMIT = {80: 166912, 86: 101376, 89: 101376, 90: 232448}
 BWD_MAX_LIST = 1024     # kAttnBwdMaxList: uint32 tile-list entries
 
 
-def bwd_smem_dkdv(bm, bn, dqk, dv):
-    return (bn * (dqk + dv) * 2 + 2 * bm * (dqk + dv) * 2 + bn * bm * 2 + 2 * bm * 8
+def bwd_smem_dkdv(arch, bm, bn, dqk, dv):
+    ds_buffers = 2 if arch >= 90 else 1  # kcache::AttentionBwdDsBuffers
+    return (bn * (dqk + dv) * 2 + 2 * bm * (dqk + dv) * 2 + ds_buffers * bn * bm * 2 + 2 * bm * 8
             + 2 * bm * 16 + 4 * BWD_MAX_LIST + 16)
 
 
@@ -110,7 +111,7 @@ def select_bwd_tiles(arch, dqk, dv, sm90a=False):
     limit = _SMEM_LIMIT.get(arch, 0)
     if limit == 0 or dqk not in (64, 128) or dv not in (64, 128):
         return None
-    if bwd_smem_dkdv(64, 128, dqk, dv) > limit or bwd_smem_dq(64, 128, dqk, dv) > limit:
+    if bwd_smem_dkdv(arch, 64, 128, dqk, dv) > limit or bwd_smem_dq(64, 128, dqk, dv) > limit:
         return None
     return (64, 128, 8)
 
@@ -158,7 +159,7 @@ def check_bwd_tiles_against_header():
         t = got["t%d" % i]
         hdr = (t & 4095, (t >> 12) & 4095, (t >> 24) & 255, got["k%d" % i], got["d%d" % i])
         py = select_bwd_tiles(a, q, v, x)
-        want = (py + (bwd_smem_dkdv(py[0], py[1], q, v), bwd_smem_dq(py[0], py[1], q, v))
+        want = (py + (bwd_smem_dkdv(a, py[0], py[1], q, v), bwd_smem_dq(py[0], py[1], q, v))
                 if py else (0, 0, 0, 0, 0))
         if hdr != want:
             bad.append("sm_%d%s %d/%d: header %s, python %s" % (a, "a" if x else "", q, v, hdr,
@@ -548,7 +549,7 @@ class Kernel:
         if spec.get("backward"):
             bbm, bbn, bnw = spec["bwd_tiles"]
             self.bwd_block_m, self.bwd_block_n, self.bwd_threads = bbm, bbn, bnw * 32
-            self.smem_dkdv = bwd_smem_dkdv(bbm, bbn, spec["dqk"], spec["dv"])
+            self.smem_dkdv = bwd_smem_dkdv(spec["arch"], bbm, bbn, spec["dqk"], spec["dv"])
             self.smem_dq = bwd_smem_dq(bbm, bbn, spec["dqk"], spec["dv"])
             names = ["kcache_attn_bwd_preprocess", "kcache_attn_bwd_dkdv",
                      "kcache_attn_bwd_dq" if spec["deterministic"] else
