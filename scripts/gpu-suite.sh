@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Every GPU test in one go, for a machine with an NVIDIA GPU but none of
 # kcache's build dependencies (the lent H200). Needs what this machine built:
-#   dist/kcached, dist/kcache-compile-worker   (scripts/build-static.sh)
+#   dist/kcached, dist/kcache-compile-worker   (scripts/build-static.sh; unpacked here
+#                                              from .devcarry/pack/kcache-dist.tar.xz
+#                                              when dist/ lacks them)
 #   .devcarry/bin/{cuda_driver_gpu_test,client_gpu_test}   (static test binaries)
 #   .devcarry/pygen/kcache/v1/*.py             (ninja kcache_python_proto)
 #   .devcarry/cubins/                          (optional: kernel harness cache)
@@ -14,6 +16,9 @@ set -u
 cd "$(dirname "$0")/.."
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 export PYTHONUNBUFFERED=1
+if [[ ! -x dist/kcached && -f .devcarry/pack/kcache-dist.tar.xz ]]; then
+  tar -xJf .devcarry/pack/kcache-dist.tar.xz
+fi
 LOGS=${OUT:-/tmp/kcache-gpu-suite}
 mkdir -p "$LOGS"
 SEED=${SEED:-$(date +%s)}
@@ -51,7 +56,13 @@ suite kernel_correctness 300 python3 tests/kernels/test_attention_fwd.py --cases
 # score modification, deterministic on/off (compiles its variants in parallel first).
 suite kernel_backward 420 python3 tests/kernels/test_attention_bwd.py --cases "${CASES_BWD:-200}" \
   --seed "$SEED" --log "$LOGS/kernel_bwd_cases.log" ${KERNEL_SELECT:+--select "$KERNEL_SELECT"}
-# Issue #8: a Triton kernel's PTX through the raw front door, against Triton's own binary.
+# Raw kernels (fixtures, PTX and LLVM IR) fetched and launched through the Python client
+# (CTest python_raw_gpu_test).
+suite python_raw_gpu 240 env PYTHONPATH="$PWD/client/python:$PWD/.devcarry/pygen" \
+  KCACHE_TEST_KCACHED="$PWD/dist/kcached" python3 -m pytest -q -rs -p no:cacheprovider \
+  tests/python/gpu_raw.py
+# Issue #8: a Triton kernel's PTX and LLVM IR through the raw front door, against Triton's
+# own binary.
 suite triton_raw 180 python3 tests/python/triton_raw_gpu.py --kcached dist/kcached \
   --pythonpath-gen .devcarry/pygen --out "$LOGS/triton"
 if [[ -n ${BENCH:-} ]]; then
