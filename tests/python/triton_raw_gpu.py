@@ -56,6 +56,13 @@ LLVM19_REWRITES = [
     ("fabs[.ftz].f32 -> fabs[.ftz].f (LLVM 21)", r"@llvm\.nvvm\.fabs\.(ftz\.)?f32\b",
      r"@llvm.nvvm.fabs.\1f"),
     ("fabs.f64 -> fabs.d (LLVM 21)", r"@llvm\.nvvm\.fabs\.f64\b", "@llvm.nvvm.fabs.d"),
+    # LLVM 21's div.full intrinsic is PTX div.full.f32, which LLVM 19 can only emit as inline
+    # asm (the same instruction); its declaration goes.
+    ("div.full -> inline asm div.full.f32 (LLVM 21)",
+     r"call float @llvm\.nvvm\.div\.full\(",
+     'call float asm "div.full.f32 $0, $1, $2;", "=f,f,f"('),
+    ("div.full declaration dropped (LLVM 21)",
+     r"(?m)^declare [^\n]*@llvm\.nvvm\.div\.full\([^\n]*\n", ""),
 ]
 
 
@@ -85,7 +92,9 @@ def main(argv=None):
     args = ap.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="triton-cache-")
+    # The package (client/python) before the generated modules, whose kcache/ holds only v1/.
     sys.path.insert(0, os.path.abspath(args.pythonpath_gen))
+    sys.path.insert(0, os.path.join(REPO, "client", "python"))
     sys.path.insert(0, HERE)
     sys.path.insert(0, os.path.join(REPO, "tests", "kernels"))
     import grpc
