@@ -341,7 +341,17 @@ __device__ __forceinline__ float score_mod(float x, const ScoreCtx& sc, int b, i
 // reductions drain while the next S and dP run (causal B4 H32 S4096 D128
 // dK/dV 6.70 -> 6.56 ms, drafter training shape 9.92 -> 9.45 ms on an H200).
 constexpr int kDsBufs = AttentionBwdDsBuffers(KC_ARCH);
-constexpr bool kDqLag = kDsBufs == 2;
+// Experimental (KC_BWD_FA2=1, sm_90+): FlashAttention-2's warp layout. S and
+// dP as 2 x 4 warps of 32 queries x 32 keys, P and dS through shared memory
+// ([query][key], the two dS^T buffers' space), dV and dK as 4 x 2 warps of
+// 32 keys x D/2 with A read transposed: about 15 % fewer shared-memory
+// bytes per step than 16 keys x 64 queries per warp.
+#ifndef KC_BWD_FA2
+#define KC_BWD_FA2 0
+#endif
+constexpr bool kFa2 = KC_BWD_FA2;
+static_assert(!kFa2 || (kDsBufs == 2 && kNW == 8 && kBN == 128), "KC_BWD_FA2: sm_90+, 64 x 128 x 8w");
+constexpr bool kDqLag = kDsBufs == 2 && !kFa2;
 #ifndef KC_BWD_HEAD_CHUNK
 #define KC_BWD_HEAD_CHUNK 4
 #endif
@@ -439,6 +449,58 @@ __device__ __forceinline__ void gemm_abt(float (&acc)[kNT][4], unsigned a_row, u
       ldsm_x4(b_tile + (np * 16 + ln.brow) * (D * 2) + ((kk * 32) ^ ln.bkey), b0, b1, b2, b3);
       mma16816(acc[2 * np], a, b0, b1);
       mma16816(acc[2 * np + 1], a, b2, b3);
+    }
+  }
+}
+
+// 32 x 32 of A B^T over D columns (kFa2): A rows at a_row (this lane's row
+// of the first m16 tile; the second is 16 rows on), B the 32 rows at b_tile;
+// both [rows][D] swizzled tiles.
+template <int D>
+__device__ __forceinline__ void gemm_tile_abt(float (&acc)[2][4][4], unsigned a_row,
+                                              unsigned b_tile, const Lane& ln) {
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt) {
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt) acc[mt][nt][0] = acc[mt][nt][1] = acc[mt][nt][2] = acc[mt][nt][3] = 0.f;
+  }
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    unsigned a[2][4];
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt) {
+      ldsm_x4(a_row + mt * 16 * (D * 2) + ((kk * 32) ^ ln.akey), a[mt][0], a[mt][1], a[mt][2],
+              a[mt][3]);
+    }
+#pragma unroll
+    for (int np = 0; np < 2; ++np) {
+      unsigned b0, b1, b2, b3;
+      ldsm_x4(b_tile + (np * 16 + ln.brow) * (D * 2) + ((kk * 32) ^ ln.bkey), b0, b1, b2, b3);
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt) {
+        mma16816(acc[mt][2 * np], a[mt], b0, b1);
+        mma16816(acc[mt][2 * np + 1], a[mt], b2, b3);
+      }
+    }
+  }
+}
+
+// acc += A B for one k16 step (kFa2): two m16 tiles of A from registers, B
+// rows kk * 16 .. + 16 of b_tile ([rows][D] swizzled) read transposed,
+// columns [32 dp0, 32 dp0 + 16 N / 2).
+template <int D, int N>
+__device__ __forceinline__ void gemm_step_ab_part(float (&acc)[2][N][4], const unsigned (&a)[2][4],
+                                                  unsigned b_tile, int kk, int dp0,
+                                                  const Lane& ln) {
+#pragma unroll
+  for (int j = 0; j < N / 2; ++j) {
+    unsigned b0, b1, b2, b3;
+    ldsm_x4_t(b_tile + (kk * 16 + ln.trow) * (D * 2) + (((dp0 + j) * 32) ^ ln.akey), b0, b1, b2,
+              b3);
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt) {
+      mma16816(acc[mt][2 * j], a[mt], b0, b1);
+      mma16816(acc[mt][2 * j + 1], a[mt], b2, b3);
     }
   }
 }
@@ -777,9 +839,14 @@ extern "C" __global__ void __launch_bounds__(KC_BWD_NUM_WARPS * 32, 256 / (KC_BW
         unsigned da[2][4];
 #pragma unroll
         for (int mt = 0; mt < 2; ++mt) {
-          const int ds_chunk = (r0w >> 3) + 2 * mt + ((lane >> 3) & 1);
-          ldsm_x4_t(ds_t + (kk * 16 + brow) * (kBM * 2) + ((ds_chunk ^ l7) << 4), da[mt][0],
-                    da[mt][1], da[mt][2], da[mt][3]);
+          if constexpr (kFa2) {  // dS [query][key]
+            ldsm_x4(ds_t + (r0w + mt * 16 + (lane & 15)) * (kBN * 2) + ((kk * 32) ^ akey),
+                    da[mt][0], da[mt][1], da[mt][2], da[mt][3]);
+          } else {  // dS^T [key][query]
+            const int ds_chunk = (r0w >> 3) + 2 * mt + ((lane >> 3) & 1);
+            ldsm_x4_t(ds_t + (kk * 16 + brow) * (kBM * 2) + ((ds_chunk ^ l7) << 4), da[mt][0],
+                      da[mt][1], da[mt][2], da[mt][3]);
+          }
         }
 #pragma unroll
         for (int dpair = 0; dpair < 2; ++dpair) {
@@ -844,6 +911,28 @@ extern "C" __global__ void __launch_bounds__(KC_BWD_NUM_WARPS * 32, 256 / (KC_BW
   for (int i = 0; i < kDTQ; ++i) dk[i][0] = dk[i][1] = dk[i][2] = dk[i][3] = 0.f;
 #pragma unroll
   for (int i = 0; i < kDTV; ++i) dv[i][0] = dv[i][1] = dv[i][2] = dv[i][3] = 0.f;
+  // kFa2: dK and dV of keys 32 (warp / 2) + [0, 32), columns (warp % 2) D / 2 + [0, D / 2)
+  // (unused, and left out by the compiler, otherwise).
+  float dk2[2][kDQK / 16][4];
+  float dv2[2][kDV / 16][4];
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt) {
+#pragma unroll
+    for (int i = 0; i < kDQK / 16; ++i) dk2[mt][i][0] = dk2[mt][i][1] = dk2[mt][i][2] = dk2[mt][i][3] = 0.f;
+#pragma unroll
+    for (int i = 0; i < kDV / 16; ++i) dv2[mt][i][0] = dv2[mt][i][1] = dv2[mt][i][2] = dv2[mt][i][3] = 0.f;
+  }
+  // kFa2: the document ids of this thread's 8 S columns (keys 32 (warp / 2) + 8 nt + 2 t4 + c).
+  int kv_id8[8] = {};
+#if KC_MASK == KC_MASK_DOCUMENT
+  if constexpr (kFa2) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const int kv = n0 + (warp >> 1) * 32 + (i >> 1) * 8 + 2 * t4 + (i & 1);
+      kv_id8[i] = kv < kv_len ? p.kv_seq_id[b * p.kv_seq_id_stride_b + kv] : 0;
+    }
+  }
+#endif
 
   for (int it = 0; it < n_items; ++it) {
     const int st = it & 1;
@@ -876,65 +965,142 @@ extern "C" __global__ void __launch_bounds__(KC_BWD_NUM_WARPS * 32, 256 / (KC_BW
     }
 #endif
 
-    // S^T = K Q^T and dP^T = V dO^T: 16 keys x 64 queries per warp.
-    float s[kNT][4], dp[kNT][4];
-    gemm_abt<kDQK>(s, k_a, q_s, ln);
-    gemm_abt<kDV>(dp, v_a, o_s, ln);
-
-    // P and dS in place (s <- P, dp <- dS), per element.
-    {
+    if constexpr (kFa2) {
+      // S = Q K^T and dP = dO V^T: warp (wm, wn) = (warp % 2, warp / 2) owns
+      // queries 32 wm + [0, 32) x keys 32 wn + [0, 32).
+      const int wm = warp & 1, wn = warp >> 1;
+      float s[2][4][4], dp[2][4][4];
+      gemm_tile_abt<kDQK>(s, q_s + (wm * 32 + (lane & 15)) * (kDQK * 2), sK + wn * 32 * (kDQK * 2),
+                          ln);
+      gemm_tile_abt<kDV>(dp, o_s + (wm * 32 + (lane & 15)) * (kDV * 2), sV + wn * 32 * (kDV * 2),
+                         ln);
       ScoreCtx sc{0.f};
 #if KC_SCORE_MOD == KC_SCORE_ALIBI
       sc.alibi_slope = p.alibi_slopes[hq];
 #endif
-      const float* lse_st = lse_s + st * kBM;
-      const float* del_st = del_s + st * kBM;
-      const int4* rd_st = rowdata + st * kBM;
+      const unsigned sP = sS, sDs = sS + kSB;  // [query][key], 16-byte chunks swizzled
 #pragma unroll
-      for (int nt = 0; nt < kNT; ++nt) {
+      for (int mt = 0; mt < 2; ++mt) {
 #pragma unroll
-        for (int c = 0; c < 2; ++c) {
-          const int qi = nt * 8 + 2 * t4 + c;
-          const float l2 = lse_log2(lse_st[qi]);
-          const float del = del_st[qi];
+        for (int hh2 = 0; hh2 < 2; ++hh2) {
+          const int qi = wm * 32 + mt * 16 + g + 8 * hh2;
+          const float l2 = lse_log2(lse_s[st * kBM + qi]);
+          const float del = del_s[st * kBM + qi];
           int4 rd = make_int4(0, 0, 0, 0);
-          if constexpr (kRowData) rd = rd_st[qi];
+          if constexpr (kRowData) rd = rowdata[st * kBM + qi];
+          const int q = m0 + qi;
 #pragma unroll
-          for (int hh2 = 0; hh2 < 2; ++hh2) {
-            const int kv = n0 + key_row0 + 8 * hh2;
-            const int q = m0 + qi;
-            const bool vis =
-                cls == 2 || visible(p, b, hq, q, kv, q_len, kv_len, off, rd, kv_id[hh2]);
-            float pe, ds;
-            element_grad(s[nt][hh2 * 2 + c], dp[nt][hh2 * 2 + c], l2, del, vis, sc, b, hq, q,
-                         kv, p, true, pe, ds);
-            s[nt][hh2 * 2 + c] = pe;
-            dp[nt][hh2 * 2 + c] = ds;
+          for (int nt = 0; nt < 4; ++nt) {
+#pragma unroll
+            for (int c = 0; c < 2; ++c) {
+              const int kv = n0 + wn * 32 + nt * 8 + 2 * t4 + c;
+              const bool vis = cls == 2 || visible(p, b, hq, q, kv, q_len, kv_len, off, rd,
+                                                   kv_id8[nt * 2 + c]);
+              float pe, ds;
+              element_grad(s[mt][nt][hh2 * 2 + c], dp[mt][nt][hh2 * 2 + c], l2, del, vis, sc, b,
+                           hq, q, kv, p, true, pe, ds);
+              s[mt][nt][hh2 * 2 + c] = pe;
+              dp[mt][nt][hh2 * 2 + c] = ds;
+            }
+            const unsigned off_b = qi * (kBN * 2) + (((wn * 4 + nt) ^ (qi & 7)) << 4) + t4 * 4;
+            st_shared_u32(sP + off_b, pack2(s[mt][nt][hh2 * 2], s[mt][nt][hh2 * 2 + 1]));
+            st_shared_u32(sDs + off_b, pack2(dp[mt][nt][hh2 * 2], dp[mt][nt][hh2 * 2 + 1]));
           }
         }
       }
-    }
-
-    // P and dS as A fragments (all packed before the GEMMs: the drafter
-    // variants spill 40-60 B otherwise), dS^T to shared memory for dQ, then
-    // dV += P^T dO and dK += dS^T Q (B = dO / Q transposed).
-    unsigned pa[kNT / 2][4], sa[kNT / 2][4];
+      __syncthreads();  // P and dS complete
+      // dV += P^T dO, then dQ (its reductions drain during dK), then
+      // dK += dS^T Q: warp (wk, wd) = (warp / 2, warp % 2) owns keys
+      // 32 wk + [0, 32) x columns wd D / 2 + [0, D / 2). A (P^T, dS^T) is read
+      // transposed from the [query][key] tiles.
+      const int wk = warp >> 1, wd = warp & 1;
 #pragma unroll
-    for (int kk = 0; kk < kNT / 2; ++kk) {
-      pack_a(s, kk, pa[kk]);
-      pack_a(dp, kk, sa[kk]);
+      for (int kk = 0; kk < kBM / 16; ++kk) {
+        unsigned pa[2][4];
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt) {
+          const int chunk = wk * 4 + 2 * mt + ((lane >> 3) & 1);
+          ldsm_x4_t(sP + (kk * 16 + brow) * (kBN * 2) + ((chunk ^ l7) << 4), pa[mt][0], pa[mt][1],
+                    pa[mt][2], pa[mt][3]);
+        }
+        gemm_step_ab_part<kDV>(dv2, pa, o_s, kk, wd * (kDV / 32), ln);
+      }
 #if !KC_DETERMINISTIC
-      store_ds_t(sS + (kDqLag ? st * kSB : 0), key_row0, kk, t4, sa[kk]);
+      dq_step(hq, m0, sDs);
 #endif
-    }
 #pragma unroll
-    for (int kk = 0; kk < kNT / 2; ++kk) {
-      gemm_step_ab<kDV>(dv, pa[kk], o_s, kk, ln);
-      gemm_step_ab<kDQK>(dk, sa[kk], q_s, kk, ln);
+      for (int kk = 0; kk < kBM / 16; ++kk) {
+        unsigned sa[2][4];
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt) {
+          const int chunk = wk * 4 + 2 * mt + ((lane >> 3) & 1);
+          ldsm_x4_t(sDs + (kk * 16 + brow) * (kBN * 2) + ((chunk ^ l7) << 4), sa[mt][0], sa[mt][1],
+                    sa[mt][2], sa[mt][3]);
+        }
+        gemm_step_ab_part<kDQK>(dk2, sa, q_s, kk, wd * (kDQK / 32), ln);
+      }
+    } else {
+      // S^T = K Q^T and dP^T = V dO^T: 16 keys x 64 queries per warp.
+      float s[kNT][4], dp[kNT][4];
+      gemm_abt<kDQK>(s, k_a, q_s, ln);
+      gemm_abt<kDV>(dp, v_a, o_s, ln);
+
+      // P and dS in place (s <- P, dp <- dS), per element.
+      {
+        ScoreCtx sc{0.f};
+#if KC_SCORE_MOD == KC_SCORE_ALIBI
+        sc.alibi_slope = p.alibi_slopes[hq];
+#endif
+        const float* lse_st = lse_s + st * kBM;
+        const float* del_st = del_s + st * kBM;
+        const int4* rd_st = rowdata + st * kBM;
+#pragma unroll
+        for (int nt = 0; nt < kNT; ++nt) {
+#pragma unroll
+          for (int c = 0; c < 2; ++c) {
+            const int qi = nt * 8 + 2 * t4 + c;
+            const float l2 = lse_log2(lse_st[qi]);
+            const float del = del_st[qi];
+            int4 rd = make_int4(0, 0, 0, 0);
+            if constexpr (kRowData) rd = rd_st[qi];
+#pragma unroll
+            for (int hh2 = 0; hh2 < 2; ++hh2) {
+              const int kv = n0 + key_row0 + 8 * hh2;
+              const int q = m0 + qi;
+              const bool vis =
+                  cls == 2 || visible(p, b, hq, q, kv, q_len, kv_len, off, rd, kv_id[hh2]);
+              float pe, ds;
+              element_grad(s[nt][hh2 * 2 + c], dp[nt][hh2 * 2 + c], l2, del, vis, sc, b, hq, q,
+                           kv, p, true, pe, ds);
+              s[nt][hh2 * 2 + c] = pe;
+              dp[nt][hh2 * 2 + c] = ds;
+            }
+          }
+        }
+      }
+
+      // P and dS as A fragments (all packed before the GEMMs: the drafter
+      // variants spill 40-60 B otherwise), dS^T to shared memory for dQ, then
+      // dV += P^T dO and dK += dS^T Q (B = dO / Q transposed).
+      unsigned pa[kNT / 2][4], sa[kNT / 2][4];
+#pragma unroll
+      for (int kk = 0; kk < kNT / 2; ++kk) {
+        pack_a(s, kk, pa[kk]);
+        pack_a(dp, kk, sa[kk]);
+#if !KC_DETERMINISTIC
+        store_ds_t(sS + (kDqLag ? st * kSB : 0), key_row0, kk, t4, sa[kk]);
+#endif
+      }
+#pragma unroll
+      for (int kk = 0; kk < kNT / 2; ++kk) {
+        gemm_step_ab<kDV>(dv, pa[kk], o_s, kk, ln);
+        gemm_step_ab<kDQK>(dk, sa[kk], q_s, kk, ln);
+      }
+
     }
 
 #if !KC_DETERMINISTIC
-    if constexpr (!kDqLag) {
+    if constexpr (!kDqLag && !kFa2) {
       __syncthreads();  // dS^T complete
       dq_step(hq, m0, sS);
     }
@@ -955,6 +1121,26 @@ extern "C" __global__ void __launch_bounds__(KC_BWD_NUM_WARPS * 32, 256 / (KC_BW
   }
 #endif
 
+  if constexpr (kFa2) {
+    // dK and dV of keys 32 (warp / 2) + 16 mt + g + 8 hh2, this warp's half of the columns.
+    const int wk = warp >> 1, wd = warp & 1;
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt) {
+#pragma unroll
+      for (int hh2 = 0; hh2 < 2; ++hh2) {
+        const int kv = n0 + wk * 32 + mt * 16 + g + 8 * hh2;
+        if (kv < kv_len) {
+          store_row<kDQK / 2>(static_cast<elem_t*>(p.dk) + b * p.dk_stride_b +
+                                  hkv * p.dk_stride_h + kv * p.dk_stride_s + wd * (kDQK / 2),
+                              dk2[mt], hh2, t4);
+          store_row<kDV / 2>(static_cast<elem_t*>(p.dv) + b * p.dv_stride_b +
+                                 hkv * p.dv_stride_h + kv * p.dv_stride_s + wd * (kDV / 2),
+                             dv2[mt], hh2, t4);
+        }
+      }
+    }
+    return;
+  }
   // dK and dV of this thread's two keys, in the dtype.
 #pragma unroll
   for (int hh2 = 0; hh2 < 2; ++hh2) {
