@@ -123,18 +123,7 @@ __device__ __forceinline__ void st_shared_u32(unsigned addr, unsigned v) {
 template <int ROWS, int D>
 __device__ __forceinline__ void load_rows(unsigned sdst, const elem_t* g, long long stride,
                                           int row0, int len, int tid) {
-  constexpr int kChunks = D / 8;
-  constexpr int kTotal = ROWS * kChunks;
-  static_assert(kTotal % kThreads == 0, "tile copy does not divide among threads");
-#pragma unroll
-  for (int i = 0; i < kTotal / kThreads; ++i) {
-    const int idx = tid + i * kThreads;
-    const int r = idx / kChunks;
-    const int c = idx % kChunks;
-    const bool ok = row0 + r < len;
-    const elem_t* src = ok ? g + (long long)(row0 + r) * stride + c * 8 : g;
-    cp_async16(sdst + r * (D * 2) + ((c ^ (r & 7)) << 4), src, ok);
-  }
+  attn_fwd::load_tile<ROWS, D, kThreads, false>(sdst, g, stride, row0, len, tid);
 }
 
 // Per-query mask data: document -> x = sequence id; drafter -> visible keys
@@ -432,52 +421,32 @@ __device__ __forceinline__ Lane lane_addressing(int lane) {
               l7 + (((lane >> 3) & 1) << 3)};
 }
 
-// acc = A B^T over D columns: A is this warp's 16 rows at a_row (the lane's
-// row address), B the 64 rows of b_tile; both [rows][D] swizzled tiles.
-template <int D>
-__device__ __forceinline__ void gemm_abt(float (&acc)[kNT][4], unsigned a_row, unsigned b_tile,
-                                         const Lane& ln) {
+// acc = A B^T over D columns for MT m16 tiles of A (rows a_row + 16 mt:
+// a_row is this lane's row of the first) and NT n8 tiles of B (the rows at
+// b_tile); both [rows][D] swizzled tiles. Each B fragment serves every m16
+// tile.
+template <int D, int MT, int NT>
+__device__ __forceinline__ void gemm_abt_mn(float (&acc)[MT][NT][4], unsigned a_row,
+                                            unsigned b_tile, const Lane& ln) {
 #pragma unroll
-  for (int nt = 0; nt < kNT; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
+  for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
-  for (int kk = 0; kk < D / 16; ++kk) {
-    unsigned a[4];
-    ldsm_x4(a_row + ((kk * 32) ^ ln.akey), a[0], a[1], a[2], a[3]);
-#pragma unroll
-    for (int np = 0; np < kNT / 2; ++np) {
-      unsigned b0, b1, b2, b3;
-      ldsm_x4(b_tile + (np * 16 + ln.brow) * (D * 2) + ((kk * 32) ^ ln.bkey), b0, b1, b2, b3);
-      mma16816(acc[2 * np], a, b0, b1);
-      mma16816(acc[2 * np + 1], a, b2, b3);
-    }
-  }
-}
-
-// 32 x 32 of A B^T over D columns (kFa2): A rows at a_row (this lane's row
-// of the first m16 tile; the second is 16 rows on), B the 32 rows at b_tile;
-// both [rows][D] swizzled tiles.
-template <int D>
-__device__ __forceinline__ void gemm_tile_abt(float (&acc)[2][4][4], unsigned a_row,
-                                              unsigned b_tile, const Lane& ln) {
-#pragma unroll
-  for (int mt = 0; mt < 2; ++mt) {
-#pragma unroll
-    for (int nt = 0; nt < 4; ++nt) acc[mt][nt][0] = acc[mt][nt][1] = acc[mt][nt][2] = acc[mt][nt][3] = 0.f;
+    for (int nt = 0; nt < NT; ++nt) acc[mt][nt][0] = acc[mt][nt][1] = acc[mt][nt][2] = acc[mt][nt][3] = 0.f;
   }
 #pragma unroll
   for (int kk = 0; kk < D / 16; ++kk) {
-    unsigned a[2][4];
+    unsigned a[MT][4];
 #pragma unroll
-    for (int mt = 0; mt < 2; ++mt) {
+    for (int mt = 0; mt < MT; ++mt) {
       ldsm_x4(a_row + mt * 16 * (D * 2) + ((kk * 32) ^ ln.akey), a[mt][0], a[mt][1], a[mt][2],
               a[mt][3]);
     }
 #pragma unroll
-    for (int np = 0; np < 2; ++np) {
+    for (int np = 0; np < NT / 2; ++np) {
       unsigned b0, b1, b2, b3;
       ldsm_x4(b_tile + (np * 16 + ln.brow) * (D * 2) + ((kk * 32) ^ ln.bkey), b0, b1, b2, b3);
 #pragma unroll
-      for (int mt = 0; mt < 2; ++mt) {
+      for (int mt = 0; mt < MT; ++mt) {
         mma16816(acc[mt][2 * np], a[mt], b0, b1);
         mma16816(acc[mt][2 * np + 1], a[mt], b2, b3);
       }
@@ -485,24 +454,11 @@ __device__ __forceinline__ void gemm_tile_abt(float (&acc)[2][4][4], unsigned a_
   }
 }
 
-// acc += A B for one k16 step (kFa2): two m16 tiles of A from registers, B
-// rows kk * 16 .. + 16 of b_tile ([rows][D] swizzled) read transposed,
-// columns [32 dp0, 32 dp0 + 16 N / 2).
-template <int D, int N>
-__device__ __forceinline__ void gemm_step_ab_part(float (&acc)[2][N][4], const unsigned (&a)[2][4],
-                                                  unsigned b_tile, int kk, int dp0,
-                                                  const Lane& ln) {
-#pragma unroll
-  for (int j = 0; j < N / 2; ++j) {
-    unsigned b0, b1, b2, b3;
-    ldsm_x4_t(b_tile + (kk * 16 + ln.trow) * (D * 2) + (((dp0 + j) * 32) ^ ln.akey), b0, b1, b2,
-              b3);
-#pragma unroll
-    for (int mt = 0; mt < 2; ++mt) {
-      mma16816(acc[mt][2 * j], a[mt], b0, b1);
-      mma16816(acc[mt][2 * j + 1], a[mt], b2, b3);
-    }
-  }
+// One warp's 16 rows of A against the kBM (kNT n8 tiles) rows of B.
+template <int D>
+__device__ __forceinline__ void gemm_abt(float (&acc)[kNT][4], unsigned a_row, unsigned b_tile,
+                                         const Lane& ln) {
+  gemm_abt_mn<D, 1, kNT>(*reinterpret_cast<float(*)[1][kNT][4]>(&acc), a_row, b_tile, ln);
 }
 
 // The k16 step kk of an accumulator as an A fragment (bf16/fp16 pairs).
@@ -513,18 +469,31 @@ __device__ __forceinline__ void pack_a(const float (&acc)[kNT][4], int kk, unsig
   a[3] = pack2(acc[2 * kk + 1][2], acc[2 * kk + 1][3]);
 }
 
-// acc += A B for one k16 step: A from registers, B rows kk * 16 .. + 16 of
-// b_tile ([rows][D] swizzled) read transposed, all D columns.
+// acc += A B for one k16 step: MT m16 tiles of A from registers, B rows
+// kk * 16 .. + 16 of b_tile ([rows][D] swizzled) read transposed, columns
+// [16 dp0, 16 dp0 + 8 N); each B fragment serves every m16 tile.
+template <int D, int MT, int N>
+__device__ __forceinline__ void gemm_step_ab_mn(float (&acc)[MT][N][4], const unsigned (&a)[MT][4],
+                                                unsigned b_tile, int kk, int dp0, const Lane& ln) {
+#pragma unroll
+  for (int j = 0; j < N / 2; ++j) {
+    unsigned b0, b1, b2, b3;
+    ldsm_x4_t(b_tile + (kk * 16 + ln.trow) * (D * 2) + (((dp0 + j) * 32) ^ ln.akey), b0, b1, b2,
+              b3);
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+      mma16816(acc[mt][2 * j], a[mt], b0, b1);
+      mma16816(acc[mt][2 * j + 1], a[mt], b2, b3);
+    }
+  }
+}
+
+// One m16 tile, all D columns.
 template <int D>
 __device__ __forceinline__ void gemm_step_ab(float (&acc)[D / 8][4], const unsigned (&a)[4],
                                              unsigned b_tile, int kk, const Lane& ln) {
-#pragma unroll
-  for (int dpair = 0; dpair < D / 16; ++dpair) {
-    unsigned b0, b1, b2, b3;
-    ldsm_x4_t(b_tile + (kk * 16 + ln.trow) * (D * 2) + ((dpair * 32) ^ ln.akey), b0, b1, b2, b3);
-    mma16816(acc[2 * dpair], a, b0, b1);
-    mma16816(acc[2 * dpair + 1], a, b2, b3);
-  }
+  gemm_step_ab_mn<D, 1, D / 8>(*reinterpret_cast<float(*)[1][D / 8][4]>(&acc),
+                               *reinterpret_cast<const unsigned(*)[1][4]>(&a), b_tile, kk, 0, ln);
 }
 
 // Row `row` of an accumulator (hh: its g or g + 8 half) in the dtype.
@@ -848,17 +817,7 @@ extern "C" __global__ void __launch_bounds__(KC_BWD_NUM_WARPS * 32, 256 / (KC_BW
                       da[mt][1], da[mt][2], da[mt][3]);
           }
         }
-#pragma unroll
-        for (int dpair = 0; dpair < 2; ++dpair) {
-          unsigned b0, b1, b2, b3;
-          ldsm_x4_t(sK + (kk * 16 + trow) * (kDQK * 2) + (((c0 / 16 + dpair) * 32) ^ akey), b0,
-                    b1, b2, b3);
-#pragma unroll
-          for (int mt = 0; mt < 2; ++mt) {
-            mma16816(acc[mt][2 * dpair], da[mt], b0, b1);
-            mma16816(acc[mt][2 * dpair + 1], da[mt], b2, b3);
-          }
-        }
+        gemm_step_ab_mn<kDQK>(acc, da, sK, kk, c0 / 16, ln);
       }
 #pragma unroll
       for (int mt = 0; mt < 2; ++mt) {
@@ -970,9 +929,9 @@ extern "C" __global__ void __launch_bounds__(KC_BWD_NUM_WARPS * 32, 256 / (KC_BW
       // queries 32 wm + [0, 32) x keys 32 wn + [0, 32).
       const int wm = warp & 1, wn = warp >> 1;
       float s[2][4][4], dp[2][4][4];
-      gemm_tile_abt<kDQK>(s, q_s + (wm * 32 + (lane & 15)) * (kDQK * 2), sK + wn * 32 * (kDQK * 2),
+      gemm_abt_mn<kDQK, 2, 4>(s, q_s + (wm * 32 + (lane & 15)) * (kDQK * 2), sK + wn * 32 * (kDQK * 2),
                           ln);
-      gemm_tile_abt<kDV>(dp, o_s + (wm * 32 + (lane & 15)) * (kDV * 2), sV + wn * 32 * (kDV * 2),
+      gemm_abt_mn<kDV, 2, 4>(dp, o_s + (wm * 32 + (lane & 15)) * (kDV * 2), sV + wn * 32 * (kDV * 2),
                          ln);
       ScoreCtx sc{0.f};
 #if KC_SCORE_MOD == KC_SCORE_ALIBI
@@ -1023,7 +982,7 @@ extern "C" __global__ void __launch_bounds__(KC_BWD_NUM_WARPS * 32, 256 / (KC_BW
           ldsm_x4_t(sP + (kk * 16 + brow) * (kBN * 2) + ((chunk ^ l7) << 4), pa[mt][0], pa[mt][1],
                     pa[mt][2], pa[mt][3]);
         }
-        gemm_step_ab_part<kDV>(dv2, pa, o_s, kk, wd * (kDV / 32), ln);
+        gemm_step_ab_mn<kDV>(dv2, pa, o_s, kk, wd * (kDV / 32), ln);
       }
 #if !KC_DETERMINISTIC
       dq_step(hq, m0, sDs);
@@ -1037,7 +996,7 @@ extern "C" __global__ void __launch_bounds__(KC_BWD_NUM_WARPS * 32, 256 / (KC_BW
           ldsm_x4_t(sDs + (kk * 16 + brow) * (kBN * 2) + ((chunk ^ l7) << 4), sa[mt][0], sa[mt][1],
                     sa[mt][2], sa[mt][3]);
         }
-        gemm_step_ab_part<kDQK>(dk2, sa, q_s, kk, wd * (kDQK / 32), ln);
+        gemm_step_ab_mn<kDQK>(dk2, sa, q_s, kk, wd * (kDQK / 32), ln);
       }
     } else {
       // S^T = K Q^T and dP^T = V dO^T: 16 keys x 64 queries per warp.

@@ -331,20 +331,22 @@ __device__ __forceinline__ unsigned long long smem_desc(unsigned addr, unsigned 
 // elements) into a swizzled shared tile: 16-byte chunk c of row r lives at
 // r * 2D + ((c ^ (r & 7)) * 16) for ldmatrix, or in wgmma's canonical
 // 128-byte-swizzled K-major layout. Rows at or past `len` are zero-filled.
-template <int ROWS, int D>
+// THREADS threads (tid in [0, THREADS)) share the copy; the backward passes
+// its own count and the ldmatrix layout.
+template <int ROWS, int D, int THREADS = kThreads, bool WGMMA = kWgmma>
 __device__ __forceinline__ void load_tile(unsigned sdst, const elem_t* g, long long stride,
                                           int row0, int len, int tid) {
   constexpr int kChunks = D / 8;
   constexpr int kTotal = ROWS * kChunks;
-  static_assert(kTotal % kThreads == 0, "tile copy does not divide among threads");
+  static_assert(kTotal % THREADS == 0, "tile copy does not divide among threads");
 #pragma unroll
-  for (int i = 0; i < kTotal / kThreads; ++i) {
-    const int idx = tid + i * kThreads;
+  for (int i = 0; i < kTotal / THREADS; ++i) {
+    const int idx = tid + i * THREADS;
     const int r = idx / kChunks;
     const int c = idx % kChunks;
     const bool ok = row0 + r < len;
     const elem_t* src = ok ? g + (long long)(row0 + r) * stride + c * 8 : g;
-    if constexpr (kWgmma) {
+    if constexpr (WGMMA) {
       // [D / 64][ROWS][64]: 128-byte rows, chunk (c % 8) ^ (r % 8) (Swizzle<3,4,3>).
       cp_async16(sdst + (c >> 3) * (ROWS * 128) + r * 128 + (((c & 7) ^ (r & 7)) << 4), src, ok);
     } else {
