@@ -291,6 +291,42 @@ __device__ __forceinline__ int compact_list(unsigned* list, int n, int lane) {
   return count;
 }
 
+// The tile list's end: compacts classes list[0, n) and returns the count
+// to every thread. All threads call it, after writing their classes.
+__device__ __forceinline__ int finish_list(unsigned* list, int n, int* misc, int warp, int lane) {
+  __syncthreads();
+  if (warp == 0) {
+    const int c = compact_list(list, n, lane);
+    if (lane == 0) misc[0] = c;
+  }
+  __syncthreads();
+  return misc[0];
+}
+
+// Document-mask classes of one side's fixed rows [f0, f1) against tile t
+// (rows [t * tile, + tile) clipped to len) of the other side, into list[t]:
+// warp w takes tiles w, w + kNW, ... FIXED_Q: the fixed rows are queries.
+// A pair is full only with the whole fixed block (f_rows) and a whole tile.
+template <bool FIXED_Q>
+__device__ __forceinline__ void doc_tile_classes(unsigned* list, const int* fixed_ids, int f0,
+                                                 int f1, int f_rows, const int* other_ids,
+                                                 int tile, int n_tiles, int len, int warp,
+                                                 int lane) {
+  int fmin, fmax;
+  warp_id_range(fixed_ids, f0, f1, lane, fmin, fmax);
+  for (int t = warp; t < n_tiles; t += kNW) {
+    const int o0 = t * tile, o1 = imin(o0 + tile, len);
+    int omin, omax;
+    warp_id_range(other_ids, o0, o1, lane, omin, omax);
+    const bool full = f1 - f0 == f_rows && o1 - o0 == tile;
+    if (lane == 0) {
+      list[t] = static_cast<unsigned>(
+          FIXED_Q ? classify_doc(fmin, fmax, omin, omax, f0, f1, o0, o1, full)
+                  : classify_doc(omin, omax, fmin, fmax, o0, o1, f0, f1, full));
+    }
+  }
+}
+
 // Score modification of x = s * scale, and its derivative dy/dx.
 struct ScoreCtx {
   float alibi_slope;
@@ -669,20 +705,9 @@ extern "C" __global__ void __launch_bounds__(KC_BWD_NUM_WARPS * 32, 256 / (KC_BW
   use_list = n_class <= kList;
   if (use_list) {
 #if KC_MASK == KC_MASK_DOCUMENT
-    const int* q_ids = p.q_seq_id + b * p.q_seq_id_stride_b;
-    const int* kv_ids = p.kv_seq_id + b * p.kv_seq_id_stride_b;
-    const int n1 = imin(n0 + kBN, kv_len);
-    int kmin, kmax;
-    warp_id_range(kv_ids, n0, n1, lane, kmin, kmax);
-    for (int qt = warp; qt < n_q_tiles; qt += kNW) {
-      const int m0 = qt * kBM, m1 = imin(m0 + kBM, q_len);
-      int qmin, qmax;
-      warp_id_range(q_ids, m0, m1, lane, qmin, qmax);
-      if (lane == 0) {
-        list[qt] = static_cast<unsigned>(classify_doc(qmin, qmax, kmin, kmax, m0, m1, n0, n1,
-                                                      m1 - m0 == kBM && n1 - n0 == kBN));
-      }
-    }
+    doc_tile_classes<false>(list, p.kv_seq_id + b * p.kv_seq_id_stride_b, n0,
+                            imin(n0 + kBN, kv_len), kBN, p.q_seq_id + b * p.q_seq_id_stride_b, kBM,
+                            n_q_tiles, q_len, warp, lane);
 #elif KC_MASK == KC_MASK_DRAFTER
     for (int qt = tid; qt < n_q_tiles; qt += kThreads) {
       list[qt] = static_cast<unsigned>(
@@ -702,13 +727,7 @@ extern "C" __global__ void __launch_bounds__(KC_BWD_NUM_WARPS * 32, 256 / (KC_BW
       list[e] = static_cast<unsigned>(c);
     }
 #endif
-    __syncthreads();
-    if (warp == 0) {
-      const int c = compact_list(list, n_class, lane);
-      if (lane == 0) misc[0] = c;
-    }
-    __syncthreads();
-    count = misc[0];
+    count = finish_list(list, n_class, misc, warp, lane);
     n_items = KC_MASK == KC_MASK_EXPR ? count : group * count;
   }
 #endif
@@ -1190,20 +1209,9 @@ extern "C" __global__ void __launch_bounds__(KC_BWD_NUM_WARPS * 32, 256 / (KC_BW
   use_list = n_kv_tiles <= kList;
   if (use_list) {
 #if KC_MASK == KC_MASK_DOCUMENT
-    const int* q_ids = p.q_seq_id + b * p.q_seq_id_stride_b;
-    const int* kv_ids = p.kv_seq_id + b * p.kv_seq_id_stride_b;
-    int qmin, qmax;
-    warp_id_range(q_ids, m0, mlast + 1, lane, qmin, qmax);
-    for (int t = warp; t < n_kv_tiles; t += kNW) {
-      const int n0 = t * kDqKeys, n1 = imin(n0 + kDqKeys, kv_len);
-      int kmin, kmax;
-      warp_id_range(kv_ids, n0, n1, lane, kmin, kmax);
-      if (lane == 0) {
-        list[t] = static_cast<unsigned>(
-            classify_doc(qmin, qmax, kmin, kmax, m0, mlast + 1, n0, n1,
-                         mlast + 1 - m0 == kDqRows && n1 - n0 == kDqKeys));
-      }
-    }
+    doc_tile_classes<true>(list, p.q_seq_id + b * p.q_seq_id_stride_b, m0, mlast + 1, kDqRows,
+                           p.kv_seq_id + b * p.kv_seq_id_stride_b, kDqKeys, n_kv_tiles, kv_len,
+                           warp, lane);
 #elif KC_MASK == KC_MASK_DRAFTER
     for (int t = tid; t < n_kv_tiles; t += kThreads) {
       list[t] = static_cast<unsigned>(
@@ -1232,13 +1240,7 @@ extern "C" __global__ void __launch_bounds__(KC_BWD_NUM_WARPS * 32, 256 / (KC_BW
       list[t] = static_cast<unsigned>(c);
     }
 #endif
-    __syncthreads();
-    if (warp == 0) {
-      const int c = compact_list(list, n_kv_tiles, lane);
-      if (lane == 0) misc[0] = c;
-    }
-    __syncthreads();
-    n_iter = misc[0];
+    n_iter = finish_list(list, n_kv_tiles, misc, warp, lane);
   }
 #endif
   auto tile_of = [&](int i, int& tile, int& cls) {
