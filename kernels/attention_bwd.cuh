@@ -524,6 +524,26 @@ __device__ __forceinline__ void gemm_step_ab_mn(float (&acc)[MT][N][4], const un
   }
 }
 
+// acc += X^T B over the kBM queries (kFa2's dV and dK): X is a [query][key]
+// tile (P or dS, kBN keys a row, swizzled) read transposed as A for keys
+// 32 wk + [0, 32), B the [query][D] tile at b_tile, columns from dp0.
+template <int D, int N>
+__device__ __forceinline__ void gemm_tn_keys(float (&acc)[2][N][4], unsigned x_tile,
+                                             unsigned b_tile, int wk, int dp0, const Lane& ln,
+                                             int lane) {
+#pragma unroll
+  for (int kk = 0; kk < kBM / 16; ++kk) {
+    unsigned a[2][4];
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt) {
+      const int chunk = wk * 4 + 2 * mt + ((lane >> 3) & 1);
+      ldsm_x4_t(x_tile + (kk * 16 + ln.brow) * (kBN * 2) + ((chunk ^ (lane & 7)) << 4), a[mt][0],
+                a[mt][1], a[mt][2], a[mt][3]);
+    }
+    gemm_step_ab_mn<D>(acc, a, b_tile, kk, dp0, ln);
+  }
+}
+
 // One m16 tile, all D columns.
 template <int D>
 __device__ __forceinline__ void gemm_step_ab(float (&acc)[D / 8][4], const unsigned (&a)[4],
@@ -992,31 +1012,11 @@ extern "C" __global__ void __launch_bounds__(KC_BWD_NUM_WARPS * 32, 256 / (KC_BW
       // 32 wk + [0, 32) x columns wd D / 2 + [0, D / 2). A (P^T, dS^T) is read
       // transposed from the [query][key] tiles.
       const int wk = warp >> 1, wd = warp & 1;
-#pragma unroll
-      for (int kk = 0; kk < kBM / 16; ++kk) {
-        unsigned pa[2][4];
-#pragma unroll
-        for (int mt = 0; mt < 2; ++mt) {
-          const int chunk = wk * 4 + 2 * mt + ((lane >> 3) & 1);
-          ldsm_x4_t(sP + (kk * 16 + brow) * (kBN * 2) + ((chunk ^ l7) << 4), pa[mt][0], pa[mt][1],
-                    pa[mt][2], pa[mt][3]);
-        }
-        gemm_step_ab_mn<kDV>(dv2, pa, o_s, kk, wd * (kDV / 32), ln);
-      }
+      gemm_tn_keys<kDV>(dv2, sP, o_s, wk, wd * (kDV / 32), ln, lane);
 #if !KC_DETERMINISTIC
       dq_step(hq, m0, sDs);
 #endif
-#pragma unroll
-      for (int kk = 0; kk < kBM / 16; ++kk) {
-        unsigned sa[2][4];
-#pragma unroll
-        for (int mt = 0; mt < 2; ++mt) {
-          const int chunk = wk * 4 + 2 * mt + ((lane >> 3) & 1);
-          ldsm_x4_t(sDs + (kk * 16 + brow) * (kBN * 2) + ((chunk ^ l7) << 4), sa[mt][0], sa[mt][1],
-                    sa[mt][2], sa[mt][3]);
-        }
-        gemm_step_ab_mn<kDQK>(dk2, sa, q_s, kk, wd * (kDQK / 32), ln);
-      }
+      gemm_tn_keys<kDQK>(dk2, sDs, q_s, wk, wd * (kDQK / 32), ln, lane);
     } else {
       // S^T = K Q^T and dP^T = V dO^T: 16 keys x 64 queries per warp.
       float s[kNT][4], dp[kNT][4];
