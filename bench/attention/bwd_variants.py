@@ -1,0 +1,130 @@
+"""Backward kernel variants side by side, for kernel work on a GPU machine (the full
+benchmark is bench_attention.py --backward).
+
+Per case (causal, none, d64, drafter_random, drafter_sorted: the shapes of
+bench_attention.py), flex_attention's forward + backward runs once (time; its gradients
+are the reference), then each variant of the portable sm_90 build: its forward and whole
+backward sequence timed (median of CUDA events), each backward kernel timed alone, the
+dK/dV kernel's registers and spills, and its gradients' rel L2 against flex's (NaN-poisoned
+outputs first). Variants are sets of extra defines (kernels/attention_bwd.cuh's KC_BWD_*):
+
+  VARIANTS="base:;fa2:KC_BWD_FA2=1" python3 bench/attention/bwd_variants.py causal drafter_sorted
+
+FLEX=0 skips flex (times only). Cubins for every (case, variant) compile in parallel
+first (NVRTC, into .devcarry/cubins like the other kernel tools).
+"""
+import os, sys, statistics, json
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(REPO, "tests", "kernels"))
+import kc_attn as K
+
+
+def parse_variants():
+    out = []
+    for item in os.environ.get("VARIANTS", "base:").split(";"):
+        name, _, defs = item.partition(":")
+        out.append((name, tuple(tuple(x.split("=")) for x in defs.split(",") if x)))
+    return out
+
+
+VARIANTS = parse_variants()
+CASES = sys.argv[1:] or ["causal", "drafter_random", "drafter_sorted"]
+FLEX = os.environ.get("FLEX", "1") == "1"
+
+
+def spec_for(case, extra):
+    mask = {"causal": "causal", "none": "none", "d64": "causal"}.get(case, "drafter")
+    D = 64 if case == "d64" else 128
+    return K.make_spec("bf16", D, D, mask=mask, backward=True, deterministic=False, arch=90,
+                       sm90a=False, drafter_block=16, extra_defines=extra)
+
+
+specs = [spec_for(c, ex) for c in CASES for _, ex in VARIANTS]
+for (r, err) in K.compile_many(specs, jobs=16):
+    if err: print("COMPILE ERROR", err[-3000:], flush=True)
+
+import torch
+
+
+def time_ms(fn, warmup=3, rep=20):
+    for _ in range(warmup): fn()
+    torch.cuda.synchronize()
+    evs = []
+    for _ in range(rep):
+        s = torch.cuda.Event(enable_timing=True); e = torch.cuda.Event(enable_timing=True)
+        s.record(); fn(); e.record(); evs.append((s, e))
+    torch.cuda.synchronize()
+    return statistics.median(s.elapsed_time(e) for s, e in evs)
+
+
+def run_case(case):
+    dt = torch.bfloat16
+    drafter = None
+    if case == "causal": B, Hq, Hkv, Lq, Lkv, D, mask = 4, 32, 32, 4096, 4096, 128, "causal"
+    elif case == "none": B, Hq, Hkv, Lq, Lkv, D, mask = 4, 32, 32, 4096, 4096, 128, "none"
+    elif case == "d64": B, Hq, Hkv, Lq, Lkv, D, mask = 8, 32, 32, 2048, 2048, 64, "causal"
+    else:
+        B, S, N, Bk = 2, 3072, 512, 16
+        g = torch.Generator(device="cuda").manual_seed(1234)
+        anc = torch.randint(1, S + 1, (B, N), device="cuda", dtype=torch.int32, generator=g)
+        if case == "drafter_sorted": anc = torch.sort(anc, dim=1).values.contiguous()
+        Hq, Hkv, Lq, Lkv, D, mask = 32, 8, N * Bk, S + N * Bk, 128, "drafter"
+        drafter = (S, N, Bk, anc)
+    torch.manual_seed(0)
+    q = torch.randn(B, Hq, Lq, D, device="cuda", dtype=dt, requires_grad=True)
+    k = torch.randn(B, Hkv, Lkv, D, device="cuda", dtype=dt, requires_grad=True)
+    v = torch.randn(B, Hkv, Lkv, D, device="cuda", dtype=dt, requires_grad=True)
+    do = torch.randn(B, Hq, Lq, D, device="cuda", dtype=dt)
+    res = {"case": case}
+    ref = None
+    if FLEX:
+        from torch.nn.attention.flex_attention import flex_attention, create_block_mask
+        flex = torch.compile(flex_attention, dynamic=False)
+        if mask == "causal":
+            bm = create_block_mask(lambda b, h, qi, ki: qi >= ki, None, None, Lq, Lkv, device="cuda")
+        elif mask == "none":
+            bm = None
+        else:
+            S, N, Bk, anc = drafter
+            def mm(b, h, qi, ki):
+                j = qi // Bk; a = anc[b, j]
+                return ((ki < S) & (ki < a)) | ((ki >= S + j * Bk) & (ki < S + (j + 1) * Bk))
+            bm = create_block_mask(mm, B, None, Lq, Lkv, device="cuda", _compile=True)
+        def fb():
+            out = flex(q, k, v, block_mask=bm, enable_gqa=Hq != Hkv)
+            out.backward(do)
+        fb(); torch.cuda.synchronize()
+        ref = (q.grad.clone(), k.grad.clone(), v.grad.clone())
+        res["flex_total"] = round(time_ms(fb), 3)
+    print(json.dumps(res), flush=True)
+    for name, extra in VARIANTS:
+        spec = spec_for(case, extra)
+        cubin, log = K.compile_spec(spec)
+        kern = K.Kernel(spec, cubin)
+        o = torch.empty(B, Hq, Lq, D, device="cuda", dtype=dt)
+        lse = torch.empty(B, Hq, Lq, device="cuda", dtype=torch.float32)
+        p = K.make_params(q.detach(), k.detach(), v.detach(), o, lse)
+        if drafter:
+            S, N, Bk, anc = drafter
+            p.drafter_anchor = anc.data_ptr(); p.drafter_stride_b = anc.stride(0)
+            p.drafter_context_len, p.drafter_num_blocks = S, N
+        dq = torch.full_like(q, float("nan")); dk = torch.full_like(k, float("nan")); dv = torch.full_like(v, float("nan"))
+        fwd = lambda: kern.launch(p)
+        fwd(); torch.cuda.synchronize()
+        bl = kern.prepare_backward(p, do, dq, dk, dv)
+        bl.run(); torch.cuda.synchronize()
+        r = {"case": case, "variant": name, "ptxas": K.ptxas_summary(log, "kcache_attn_bwd_dkdv")}
+        if ref is not None:
+            rl = lambda a, b: ((a.float() - b.float()).norm() / b.float().norm()).item()
+            r.update(err_dq=round(rl(dq, ref[0]), 5), err_dk=round(rl(dk, ref[1]), 5), err_dv=round(rl(dv, ref[2]), 5))
+        t_f = time_ms(fwd); t_b = time_ms(bl.run)
+        per = {}
+        for nm, grid, th, sm in bl.launches():
+            per[nm.replace("kcache_attn_bwd_", "")] = round(time_ms(lambda: kern._launch(kern.bwd[nm], grid, th, sm, bl.params)), 3)
+        r.update(fwd=round(t_f, 3), bwd=round(t_b, 3), total=round(t_f + t_b, 3), per=per)
+        if ref is not None: r["ratio"] = round(res["flex_total"] / (t_f + t_b), 3)
+        print(json.dumps(r), flush=True)
+
+
+for c in CASES:
+    run_case(c)
