@@ -276,6 +276,26 @@ EXPR_MASK_PREFIX_LM = """  const kcache::KcBuffer& buf = p.buffers[0];
   int pl = 0;
   if (b >= 0 && b < buf.extent[0]) pl = static_cast<const int*>(buf.ptr)[b * buf.stride[0]];
   return kv_idx < pl || kv_idx <= q_idx;"""
+
+
+def mask_variants():
+    """(name, make_spec keywords) for every mask the kernel tests draw from: each kind, both
+    causal alignments, windows with and without a bound, document (also causal), drafter
+    blocks (also causal within a block, with a window) and an expression mask."""
+    return [
+        ("none", dict(mask="none")),
+        ("causal", dict(mask="causal")),
+        ("causal_br", dict(mask="causal", bottom_right=True)),
+        ("win37_0", dict(mask="window", window=(37, 0))),
+        ("win100_20_br", dict(mask="window", window=(100, 20), bottom_right=True)),
+        ("win_u_15", dict(mask="window", window=(-1, 15))),
+        ("doc", dict(mask="document")),
+        ("doc_causal", dict(mask="document", doc_causal=True)),
+        ("drafter16", dict(mask="drafter", drafter_block=16)),
+        ("drafter16_causal", dict(mask="drafter", drafter_block=16, drafter_causal=True)),
+        ("drafter7_w50", dict(mask="drafter", drafter_block=7, drafter_window=50)),
+        ("expr_prefix", dict(mask="expr", expr_mask_code=EXPR_MASK_PREFIX_LM)),
+    ]
 EXPR_SCORE_BIAS = """  const kcache::KcBuffer& buf = p.buffers[1];
   float bias = 0.0f;
   if (h >= 0 && h < buf.extent[0]) bias = static_cast<const float*>(buf.ptr)[h * buf.stride[0]];

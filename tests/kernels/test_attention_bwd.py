@@ -45,20 +45,7 @@ DET_CASES_PER_VARIANT = 2
 
 def variants():
     """(name, spec) for every backward variant the cases draw from."""
-    masks = [
-        ("none", dict(mask="none")),
-        ("causal", dict(mask="causal")),
-        ("causal_br", dict(mask="causal", bottom_right=True)),
-        ("win37_0", dict(mask="window", window=(37, 0))),
-        ("win100_20_br", dict(mask="window", window=(100, 20), bottom_right=True)),
-        ("win_u_15", dict(mask="window", window=(-1, 15))),
-        ("doc", dict(mask="document")),
-        ("doc_causal", dict(mask="document", doc_causal=True)),
-        ("drafter16", dict(mask="drafter", drafter_block=16)),
-        ("drafter16_causal", dict(mask="drafter", drafter_block=16, drafter_causal=True)),
-        ("drafter7_w50", dict(mask="drafter", drafter_block=7, drafter_window=50)),
-        ("expr_prefix", dict(mask="expr", expr_mask_code=K.EXPR_MASK_PREFIX_LM)),
-    ]
+    masks = K.mask_variants()
     m = dict(masks)
     bias = dict(score="expr", expr_score_code=K.EXPR_SCORE_BIAS,
                 expr_score_grad_code=K.EXPR_SCORE_BIAS_GRAD)
