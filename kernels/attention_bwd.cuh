@@ -21,7 +21,10 @@
 //                               dQ partials go to dq_accum with fp32
 //                               reductions (dS^T staged in shared memory,
 //                               each warp adding a 32 x 32 block; vector
-//                               reductions on sm_90).
+//                               reductions on sm_90, where a step's dQ runs
+//                               at the start of the next). KC_BWD_FA2=1
+//                               (experimental) lays the warps out as
+//                               FlashAttention-2 does instead.
 //   kcache_attn_bwd_dq          deterministic mode: one CTA per (128 query
 //                               rows, query head, batch) recomputes P and
 //                               dP over its visible key steps and writes dQ
