@@ -359,7 +359,6 @@ absl::Status Daemon::Shutdown() {
   absl::Status sched = d.scheduler->Shutdown(absl::Milliseconds(d.config.shutdown_grace_ms()));
   // Calls still waiting for a compile that outlived the grace are answered
   // UNAVAILABLE now (clients retry), not cancelled at the servers' deadline.
-  d.state.abandon_waits.store(true);
   if (d.kernel_service) d.kernel_service->AbandonWaits();
   if (d.kernel_service_tcp) d.kernel_service_tcp->AbandonWaits();
   auto deadline = std::chrono::system_clock::now() + std::chrono::seconds(5);

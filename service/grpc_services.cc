@@ -1,6 +1,7 @@
 #include "service/grpc_services.h"
 
 #include <deque>
+#include <optional>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -15,7 +16,6 @@ namespace kcache {
 namespace {
 
 constexpr int kRetryAfterMs = 500;
-constexpr absl::Duration kCancelPoll = absl::Milliseconds(50);
 constexpr size_t kMaxImportBytes = size_t{8} << 30;
 
 absl::Status AbandonedAtShutdown() {
@@ -128,54 +128,45 @@ absl::Time KernelServiceImpl::DeadlineOf(grpc::ServerContextBase* ctx) const {
   return d < cap ? d : cap;  // no deadline from the client = far future
 }
 
-// One GetKernel call waiting for a compile. It owns its Ticket; the ticket's
-// DoneFn answers the call, on whichever thread ends the wait (a compile
-// thread, the scheduler's deadline thread, Shutdown's caller, or the thread
-// that cancels it: OnCancel or AbandonWaits). gRPC deletes it through OnDone,
-// which comes after Finish, which only the DoneFn calls.
-// Lock order: Waiting::mu before WaitingCall::mu_.
-class KernelServiceImpl::WaitingCall final : public grpc::ServerUnaryReactor {
+// The part of a call that waits for a compile, shared by GetKernel's and
+// GetKernelStream's reactors (one member each): it owns the call's Ticket, and
+// is in Waiting::calls from Start until the reactor's OnDone calls Leave, so
+// that AbandonWaits can reach it. The ticket's DoneFn (the reactor's answer)
+// runs on whichever thread ends the wait: a compile thread, the scheduler's
+// deadline thread, Shutdown's caller, or the thread that cancels it (OnCancel
+// or AbandonWaits).
+// Lock order: Waiting::mu before TicketWait::mu_.
+class KernelServiceImpl::TicketWait {
  public:
-  WaitingCall(grpc::CallbackServerContext* ctx, grpc::ByteBuffer* resp,
-              std::shared_ptr<Waiting> waiting, std::unique_ptr<Ticket> ticket)
-      : ctx_(ctx), resp_(resp), waiting_(std::move(waiting)), ticket_(std::move(ticket)) {}
+  explicit TicketWait(std::shared_ptr<Waiting> waiting) : waiting_(std::move(waiting)) {}
 
-  // Joins the waiting set and hands the ticket its callback; answers at once
+  // Joins the waiting set and hands `ticket` the DoneFn, which may run here
   // when the outcome is already known or the waits are already abandoned.
-  void Start() {
+  // Call once, before the reactor is returned to gRPC (so that its OnDone,
+  // and Leave, cannot come before this returns).
+  void Start(std::unique_ptr<Ticket> ticket, DoneFn done) {
+    std::shared_ptr<Ticket> t = std::move(ticket);
     bool abandoned = false;
     {
       absl::MutexLock lock(&waiting_->mu);
+      {
+        absl::MutexLock own(&mu_);
+        ticket_ = t;
+      }
       waiting_->calls.insert(this);
       abandoned = waiting_->abandoned;
       if (abandoned) MarkStopped(kShutdown);
     }
-    std::shared_ptr<Ticket> ticket = CurrentTicket();
-    ticket->OnDone([this](CompileResult r) { Answer(std::move(r)); });
-    if (abandoned) ticket->Cancel();
+    t->OnDone(std::move(done));
+    if (abandoned) t->Cancel();
   }
 
-  // The client went away (or the server is cancelling its calls).
-  void OnCancel() override {
+  // The client went away (or the server is cancelling its calls): from the
+  // reactor's OnCancel. Runs the DoneFn here unless already answered.
+  void ClientGone() {
     std::shared_ptr<Ticket> ticket = CurrentTicket();
     MarkStopped(kClientGone);
-    if (ticket != nullptr) ticket->Cancel();  // runs Answer here unless already answered
-  }
-
-  void OnDone() override {
-    // The ticket touches the scheduler: release it before leaving the set,
-    // after which the service (and then the scheduler) may be destroyed.
-    std::shared_ptr<Ticket> ticket;
-    {
-      absl::MutexLock lock(&mu_);
-      ticket = std::move(ticket_);
-    }
-    ticket.reset();  // AbandonWaits may still hold it; the answer is given
-    {
-      absl::MutexLock lock(&waiting_->mu);
-      waiting_->calls.erase(this);
-    }
-    delete this;
+    if (ticket != nullptr) ticket->Cancel();
   }
 
   // For AbandonWaits, which holds Waiting::mu (so the call cannot end
@@ -183,6 +174,35 @@ class KernelServiceImpl::WaitingCall final : public grpc::ServerUnaryReactor {
   std::shared_ptr<Ticket> Abandon() {
     MarkStopped(kShutdown);
     return CurrentTicket();
+  }
+
+  // From the reactor's OnDone: releases the ticket (it touches the scheduler),
+  // then leaves the set, after which the service (and then the scheduler)
+  // may be destroyed.
+  void Leave() {
+    std::shared_ptr<Ticket> ticket;
+    {
+      absl::MutexLock lock(&mu_);
+      ticket = std::move(ticket_);
+    }
+    ticket.reset();  // AbandonWaits may still hold it; the answer is given
+    absl::MutexLock lock(&waiting_->mu);
+    waiting_->calls.erase(this);
+  }
+
+  // The status for an outcome that this side caused by cancelling the
+  // ticket (client gone, or shutdown), or nullopt for any other outcome.
+  std::optional<grpc::Status> Stopped(grpc::ServerContextBase* ctx,
+                                      const CompileResult& result) const {
+    if (!absl::IsCancelled(result.status())) return std::nullopt;
+    switch (why_.load()) {
+      case kShutdown:
+        return Reply(ctx, AbandonedAtShutdown());
+      case kClientGone:
+        return grpc::Status(grpc::StatusCode::CANCELLED, "client went away");
+      default:
+        return std::nullopt;
+    }
   }
 
  private:
@@ -197,15 +217,36 @@ class KernelServiceImpl::WaitingCall final : public grpc::ServerUnaryReactor {
     why_.compare_exchange_strong(none, why);
   }
 
+  const std::shared_ptr<Waiting> waiting_;
+  absl::Mutex mu_;
+  std::shared_ptr<Ticket> ticket_ ABSL_GUARDED_BY(mu_);  // null before Start, and once ending
+  std::atomic<int> why_{kNone};
+};
+
+// One GetKernel call waiting for a compile. gRPC deletes it through OnDone,
+// which comes after Finish, which only the ticket's DoneFn calls.
+class KernelServiceImpl::WaitingCall final : public grpc::ServerUnaryReactor {
+ public:
+  WaitingCall(grpc::CallbackServerContext* ctx, grpc::ByteBuffer* resp,
+              std::shared_ptr<Waiting> waiting)
+      : ctx_(ctx), resp_(resp), wait_(std::move(waiting)) {}
+
+  void Start(std::unique_ptr<Ticket> ticket) {
+    wait_.Start(std::move(ticket), [this](CompileResult r) { Answer(std::move(r)); });
+  }
+  void OnCancel() override { wait_.ClientGone(); }
+  void OnDone() override {
+    wait_.Leave();
+    delete this;
+  }
+
+ private:
   // The ticket's DoneFn: the only caller of Finish, and its last touch of
   // this object (gRPC may run OnDone as soon as Finish is called).
   void Answer(CompileResult result) {
     grpc::Status status;
-    const int why = why_.load();
-    if (absl::IsCancelled(result.status()) && why == kShutdown) {
-      status = Reply(ctx_, AbandonedAtShutdown());
-    } else if (absl::IsCancelled(result.status()) && why == kClientGone) {
-      status = grpc::Status(grpc::StatusCode::CANCELLED, "client went away");
+    if (auto stopped = wait_.Stopped(ctx_, result)) {
+      status = *std::move(stopped);
     } else if (auto answer = KernelBackend::Answer(std::move(result)); answer.ok()) {
       FillRawResponse(*answer, resp_);
     } else {
@@ -216,10 +257,141 @@ class KernelServiceImpl::WaitingCall final : public grpc::ServerUnaryReactor {
 
   grpc::CallbackServerContext* const ctx_;
   grpc::ByteBuffer* const resp_;
-  const std::shared_ptr<Waiting> waiting_;
+  TicketWait wait_;
+};
+
+// One GetKernelStream call. Events come from the scheduler (progress, then
+// the outcome) on its threads, or from the handler (a hit, a refusal); they
+// are queued here and written one at a time, by whichever thread finds no
+// write in flight: the one that queued an event, or gRPC's OnWriteDone. Once
+// the queue is empty and the outcome is known, that thread calls Finish. No
+// lock is held while calling into gRPC (a write may complete, and its
+// OnWriteDone run, inside StartWrite), and neither StartWrite nor Finish is
+// followed by a touch of this object: OnDone may delete it as soon as the
+// last one is called.
+class KernelServiceImpl::StreamingCall final
+    : public grpc::ServerWriteReactor<v1::GetKernelEvent> {
+ public:
+  StreamingCall(grpc::CallbackServerContext* ctx, std::shared_ptr<Waiting> waiting)
+      : ctx_(ctx), wait_(std::move(waiting)) {}
+
+  // The scheduler's ProgressFn for this call (see Ticket: its calls never
+  // overlap each other or the DoneFn, and stop once the ticket is released).
+  ProgressFn Progress() {
+    return [this](const ProgressEvent& e) {
+      // The final event travels as the result (or the status).
+      if (e.phase == Phase::kDone || e.phase == Phase::kFailed) return;
+      v1::GetKernelEvent ev;
+      *ev.mutable_progress() = ToProto(e);
+      Push(std::move(ev));
+    };
+  }
+
+  // Waits for the compile (the outcome comes through the ticket's DoneFn).
+  void Start(std::unique_ptr<Ticket> ticket) {
+    wait_.Start(std::move(ticket), [this](CompileResult r) { Answer(std::move(r)); });
+  }
+
+  // Answered without a compile: from the store, or refused.
+  void Result(const KernelAnswer& answer) { Conclude(ResultEvent(answer), grpc::Status::OK); }
+  void Refuse(const absl::Status& st) { Conclude(std::nullopt, Reply(ctx_, st)); }
+
+  void OnWriteDone(bool ok) override {
+    {
+      absl::MutexLock lock(&mu_);
+      writing_ = false;
+      if (!ok) broken_ = true;  // the stream is gone: write no more
+    }
+    Pump();
+  }
+  void OnCancel() override {
+    {
+      absl::MutexLock lock(&mu_);
+      broken_ = true;
+    }
+    // Answers through the DoneFn (CANCELLED), which finishes the call once
+    // a write in flight, if any, is done.
+    wait_.ClientGone();
+  }
+  void OnDone() override {
+    wait_.Leave();
+    delete this;
+  }
+
+ private:
+  static v1::GetKernelEvent ResultEvent(const KernelAnswer& answer) {
+    v1::GetKernelEvent ev;
+    FillResponse(answer, ev.mutable_result());
+    return ev;
+  }
+
+  // The ticket's DoneFn.
+  void Answer(CompileResult result) {
+    if (auto stopped = wait_.Stopped(ctx_, result)) {
+      Conclude(std::nullopt, *std::move(stopped));
+    } else if (auto answer = KernelBackend::Answer(std::move(result)); answer.ok()) {
+      Conclude(ResultEvent(*answer), grpc::Status::OK);
+    } else {
+      Conclude(std::nullopt, Reply(ctx_, answer.status()));
+    }
+  }
+
+  void Push(v1::GetKernelEvent ev) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (status_.has_value()) return;  // nothing after the outcome
+      queue_.push_back(std::move(ev));
+    }
+    Pump();
+  }
+  // The outcome: a last event (the result) if any, then `status`. Once.
+  void Conclude(std::optional<v1::GetKernelEvent> last, grpc::Status status) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (status_.has_value()) return;
+      if (last.has_value()) queue_.push_back(*std::move(last));
+      status_ = std::move(status);
+    }
+    Pump();
+  }
+
+  // Starts the next write, or Finish when nothing is left to write and the
+  // outcome is known. Its call into gRPC is its last touch of this object.
+  void Pump() {
+    bool write = false;
+    grpc::Status finish;
+    {
+      absl::MutexLock lock(&mu_);
+      if (writing_ || finished_) return;
+      if (!queue_.empty() && !broken_) {
+        current_ = std::move(queue_.front());
+        queue_.pop_front();
+        writing_ = true;
+        write = true;
+      } else if (status_.has_value()) {
+        finished_ = true;
+        finish = *status_;
+      } else {
+        return;
+      }
+    }
+    // current_ stays this write's until its OnWriteDone (writing_).
+    if (write) {
+      StartWrite(&current_);
+    } else {
+      Finish(std::move(finish));
+    }
+  }
+
+  grpc::CallbackServerContext* const ctx_;
+  TicketWait wait_;
   absl::Mutex mu_;
-  std::shared_ptr<Ticket> ticket_ ABSL_GUARDED_BY(mu_);  // null once the call is ending
-  std::atomic<int> why_{kNone};
+  std::deque<v1::GetKernelEvent> queue_ ABSL_GUARDED_BY(mu_);  // not yet written
+  std::optional<grpc::Status> status_ ABSL_GUARDED_BY(mu_);    // the outcome, once known
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;   // a StartWrite awaits its OnWriteDone
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;  // Finish was called
+  bool broken_ ABSL_GUARDED_BY(mu_) = false;    // cancelled or a write failed
+  v1::GetKernelEvent current_;                  // the write in flight
 };
 
 KernelServiceImpl::~KernelServiceImpl() {
@@ -234,7 +406,7 @@ void KernelServiceImpl::AbandonWaits() {
   {
     absl::MutexLock lock(&waiting_->mu);
     waiting_->abandoned = true;
-    for (WaitingCall* call : waiting_->calls) {
+    for (TicketWait* call : waiting_->calls) {
       if (auto t = call->Abandon(); t != nullptr) tickets.push_back(std::move(t));
     }
   }
@@ -280,60 +452,30 @@ grpc::ServerUnaryReactor* KernelServiceImpl::GetKernel(grpc::CallbackServerConte
   }
   // A miss waits for its compile (seconds to minutes) without a thread: the
   // scheduler finishes the call when the wait ends.
-  auto* call = new WaitingCall(ctx, resp, waiting_, std::move(pending->ticket));
-  call->Start();
+  auto* call = new WaitingCall(ctx, resp, waiting_);
+  call->Start(std::move(pending->ticket));
   return call;
 }
 
-grpc::Status KernelServiceImpl::GetKernelStream(grpc::ServerContext* ctx,
-                                                const v1::GetKernelRequest* req,
-                                                grpc::ServerWriter<v1::GetKernelEvent>* writer) {
-  if (absl::Status st = Admit(ctx, *req); !st.ok()) return Reply(ctx, st);
-  // Progress arrives on compile threads; only this thread writes the stream.
-  struct Events {
-    absl::Mutex mu;
-    std::deque<ProgressEvent> queue ABSL_GUARDED_BY(mu);
-  };
-  auto events = std::make_shared<Events>();
-  auto pending = backend_->Begin(*req, DeadlineOf(ctx), [events](const ProgressEvent& e) {
-    absl::MutexLock lock(&events->mu);
-    events->queue.push_back(e);
-  });
-  if (!pending.ok()) return Reply(ctx, pending.status());
-  auto drain = [&]() {
-    std::deque<ProgressEvent> out;
-    {
-      absl::MutexLock lock(&events->mu);
-      out.swap(events->queue);
-    }
-    for (const ProgressEvent& e : out) {
-      // The final event travels as the result (or the status) below.
-      if (e.phase == Phase::kDone || e.phase == Phase::kFailed) continue;
-      v1::GetKernelEvent ev;
-      *ev.mutable_progress() = ToProto(e);
-      writer->Write(ev);
-    }
-  };
-  std::optional<CompileResult> result;
-  if (pending->ticket != nullptr) {
-    while (!result.has_value()) {
-      if (ctx->IsCancelled()) return grpc::Status(grpc::StatusCode::CANCELLED, "client went away");
-      if (state_->abandon_waits.load()) return Reply(ctx, AbandonedAtShutdown());
-      result = pending->ticket->WaitUntil(absl::Now() + kCancelPoll);
-      drain();
-    }
+grpc::ServerWriteReactor<v1::GetKernelEvent>* KernelServiceImpl::GetKernelStream(
+    grpc::CallbackServerContext* ctx, const v1::GetKernelRequest* req) {
+  auto* call = new StreamingCall(ctx, waiting_);
+  if (absl::Status st = Admit(ctx, *req); !st.ok()) {
+    call->Refuse(st);
+    return call;
   }
-  KernelAnswer answer = pending->answer;
-  if (result.has_value()) {
-    auto a = KernelBackend::Answer(*std::move(result));
-    if (!a.ok()) return Reply(ctx, a.status());
-    answer = *std::move(a);
+  // The first progress event (queued or compiling) is written from here,
+  // inside Begin; later ones from the scheduler's threads.
+  auto pending = backend_->Begin(*req, DeadlineOf(ctx), call->Progress());
+  if (!pending.ok()) {
+    call->Refuse(pending.status());
+  } else if (pending->ticket == nullptr) {
+    call->Result(pending->answer);
+  } else {
+    // Like GetKernel, a miss waits without a thread.
+    call->Start(std::move(pending->ticket));
   }
-  v1::GetKernelEvent done;
-  done.mutable_result();
-  FillResponse(answer, done.mutable_result());
-  writer->Write(done);
-  return grpc::Status::OK;
+  return call;
 }
 
 grpc::Status KernelServiceImpl::Prefetch(grpc::ServerContext* ctx, const v1::PrefetchRequest* req,

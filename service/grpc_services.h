@@ -4,12 +4,13 @@
 // the request, with no hand-off to a sync server thread (that hand-off cost
 // more than the rest of a hit; bench/service). Its response is written as raw
 // bytes whose cubin part points into the store's shared entry, so the cubin
-// is not copied on its way to the socket. A GetKernel that waits for a
-// compile holds no thread: its reactor is finished by the scheduler's
-// completion callback (Ticket::OnDone) on the thread that ends the wait, and
-// client cancellation reaches it through the reactor's OnCancel. Every other
-// method (synchronous handlers) holds a thread of its own while it waits and
-// polls for client cancellation.
+// is not copied on its way to the socket. A GetKernel or GetKernelStream that
+// waits for a compile holds no thread: its reactor is finished by the
+// scheduler's completion callback (Ticket::OnDone) on the thread that ends the
+// wait, GetKernelStream's progress events are written from the scheduler's
+// ProgressFn, and client cancellation reaches either through the reactor's
+// OnCancel. Every other method (synchronous handlers) holds a thread of its
+// own while it runs.
 #pragma once
 
 #include <atomic>
@@ -30,13 +31,6 @@ namespace kcache {
 struct ServingState {
   // Set once shutdown begins: new requests are answered UNAVAILABLE.
   std::atomic<bool> shutting_down{false};
-  // Set when shutdown's grace for running compiles has ended: calls still
-  // waiting for a compile are answered UNAVAILABLE (with the retry hint) at
-  // once, so that clients retry against the restarted daemon instead of
-  // being cancelled when the servers' own shutdown deadline passes.
-  // Streaming calls poll it; GetKernel calls that wait without a thread are
-  // told by KernelServiceImpl::AbandonWaits, which the setter calls too.
-  std::atomic<bool> abandon_waits{false};
 };
 
 // Who may send raw kernels (GetKernelRequest.raw): nobody unless enabled;
@@ -51,11 +45,16 @@ struct RawKernelPolicy {
 
 // Register one instance with one server (a callback method's handler is
 // bound to the server that registered it). The destructor waits until every
-// GetKernel call that waited for a compile has ended (its reactor done, its
-// Ticket released), so that none touches anything after it; destroy the
-// server first. The Scheduler behind `backend` must outlive this object.
+// GetKernel / GetKernelStream call that waited for a compile has ended (its
+// reactor done, its Ticket released), so that none touches anything after
+// it; destroy the server first. The Scheduler behind `backend` must outlive
+// this object.
 class KernelServiceImpl final
-    : public v1::KernelService::WithRawCallbackMethod_GetKernel<v1::KernelService::Service> {
+    : public v1::KernelService::WithRawCallbackMethod_GetKernel<
+          v1::KernelService::WithCallbackMethod_GetKernelStream<v1::KernelService::Service>> {
+  using Base = v1::KernelService::WithRawCallbackMethod_GetKernel<
+      v1::KernelService::WithCallbackMethod_GetKernelStream<v1::KernelService::Service>>;
+
  public:
   KernelServiceImpl(KernelBackend* backend, const ServingState* state, uint64_t max_spec_bytes,
                     absl::Duration default_deadline, RawKernelPolicy raw = {})
@@ -68,35 +67,45 @@ class KernelServiceImpl final
 
   // The base's synchronous GetKernel is disabled (it aborts); this is the
   // one: a GetKernelRequest in, a GetKernelResponse out, both as bytes.
-  using v1::KernelService::WithRawCallbackMethod_GetKernel<v1::KernelService::Service>::GetKernel;
+  using Base::GetKernel;
   grpc::ServerUnaryReactor* GetKernel(grpc::CallbackServerContext* ctx,
                                       const grpc::ByteBuffer* request,
                                       grpc::ByteBuffer* response) override;
-  grpc::Status GetKernelStream(grpc::ServerContext* ctx, const v1::GetKernelRequest* req,
-                               grpc::ServerWriter<v1::GetKernelEvent>* writer) override;
+  // Progress events while the request waits for a compile, then one result
+  // event (or an error status). Likewise callback-based; the synchronous
+  // version is disabled.
+  using Base::GetKernelStream;
+  grpc::ServerWriteReactor<v1::GetKernelEvent>* GetKernelStream(
+      grpc::CallbackServerContext* ctx, const v1::GetKernelRequest* req) override;
   grpc::Status Prefetch(grpc::ServerContext* ctx, const v1::PrefetchRequest* req,
                         v1::PrefetchResponse* resp) override;
 
-  // Answers every GetKernel call waiting for a compile UNAVAILABLE ("its
-  // compile was abandoned, retry", with the retry hint), now and any that
-  // starts waiting later. For shutdown, once the scheduler's grace for
-  // running compiles has ended (set state->abandon_waits as well, for
-  // GetKernelStream). Thread-safe; calls into gRPC with no lock held.
+  // Answers every GetKernel / GetKernelStream call waiting for a compile
+  // UNAVAILABLE ("its compile was abandoned, retry", with the retry hint),
+  // now and any that starts waiting later. For shutdown, once the
+  // scheduler's grace for running compiles has ended (so that clients retry
+  // against the restarted daemon instead of being cancelled when the
+  // servers' own shutdown deadline passes). Thread-safe; calls into gRPC with
+  // no lock held.
   void AbandonWaits();
 
-  // GetKernel calls waiting for a compile right now (a gauge), and a wait
-  // until there are exactly `n` of them (for tests, which must not sleep).
+  // Calls (both methods) waiting for a compile right now (a gauge), and a
+  // wait until there are exactly `n` of them (for tests, which must not
+  // sleep).
   int waiting_calls() const;
   void AwaitWaitingCalls(int n) const;
 
  private:
+  class TicketWait;
   class WaitingCall;
-  // The GetKernel calls waiting for a compile. Shared with them, so that a
-  // call's last touch (leaving the set) never outlives the service.
+  class StreamingCall;
+  // The calls waiting for a compile (their TicketWait part). Shared with
+  // them, so that a call's last touch (leaving the set) never outlives the
+  // service.
   struct Waiting {
     mutable absl::Mutex mu;
     bool abandoned ABSL_GUARDED_BY(mu) = false;
-    absl::flat_hash_set<WaitingCall*> calls ABSL_GUARDED_BY(mu);
+    absl::flat_hash_set<TicketWait*> calls ABSL_GUARDED_BY(mu);
   };
 
   absl::Status Admit(grpc::ServerContextBase* ctx, const v1::GetKernelRequest& req) const;

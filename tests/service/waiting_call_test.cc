@@ -1,8 +1,10 @@
-// In-process tests of GetKernel calls that wait for a compile: KernelServiceImpl
-// on a real gRPC server, a real store and scheduler, and a fake compiler whose
-// compiles the test releases. Waiting calls hold no thread: 500 callers of one
-// uncompiled key share one compile without 500 threads; a cancelled call is
-// answered CANCELLED and leaves; AbandonWaits (shutdown) answers UNAVAILABLE.
+// In-process tests of GetKernel and GetKernelStream calls that wait for a
+// compile: KernelServiceImpl on a real gRPC server, a real store and
+// scheduler, and a fake compiler whose compiles the test releases. Waiting
+// calls hold no thread: 500 callers of one uncompiled key share one compile
+// without 500 threads; a cancelled call is answered CANCELLED and leaves;
+// AbandonWaits (shutdown) answers UNAVAILABLE. Streams also report progress
+// before their result.
 #include <dirent.h>
 
 #include <atomic>
@@ -43,13 +45,15 @@ int ThreadCount() {
   return n;
 }
 
-// Compiles block until Release(); each returns the same fake cubin.
+// Compiles block until Release(); each returns the same fake cubin, or the
+// error set by Fail().
 class GatedCompiler final : public Compiler {
  public:
   absl::StatusOr<CompileOutput> Compile(const CompileInput&, absl::Time) override {
     absl::MutexLock lock(&mu_);
     ++compiles_;
     mu_.Await(absl::Condition(&released_));
+    if (!failure_.ok()) return failure_;
     CompileOutput out;
     out.cubin = "fake cubin";
     return out;
@@ -57,6 +61,10 @@ class GatedCompiler final : public Compiler {
   void Release() {
     absl::MutexLock lock(&mu_);
     released_ = true;
+  }
+  void Fail(absl::Status st) {
+    absl::MutexLock lock(&mu_);
+    failure_ = std::move(st);
   }
   int compiles() {
     absl::MutexLock lock(&mu_);
@@ -71,6 +79,7 @@ class GatedCompiler final : public Compiler {
  private:
   absl::Mutex mu_;
   bool released_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status failure_ ABSL_GUARDED_BY(mu_);
   int compiles_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
@@ -245,7 +254,6 @@ TEST(WaitingCallTest, AbandonWaitsAnswersWaitingCallsUnavailableWithTheRetryHint
   f.service().AwaitWaitingCalls(1);
 
   f.state().shutting_down.store(true);
-  f.state().abandon_waits.store(true);
   f.service().AbandonWaits();
   running.done.WaitForNotification();
   EXPECT_EQ(running.status.error_code(), grpc::StatusCode::UNAVAILABLE);
@@ -287,6 +295,263 @@ TEST(WaitingCallTest, TheServersDeadlineEndsAWaitWithoutAThreadPolling) {
   call.done.WaitForNotification();
   EXPECT_EQ(call.status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED)
       << call.status.error_message();
+  f.service().AwaitWaitingCalls(0);
+}
+
+// --- GetKernelStream ----------------------------------------------------------
+
+// One GetKernelStream on gRPC's callback client API (no thread of its own):
+// reads every event, then the status.
+class StreamCall final : public grpc::ClientReadReactor<v1::GetKernelEvent> {
+ public:
+  grpc::ClientContext ctx;
+  v1::GetKernelRequest req;
+  // Complete once `done` is notified.
+  std::vector<v1::GetKernelEvent> events;
+  grpc::Status status;
+  absl::Notification first;  // an event has arrived
+  absl::Notification done;
+
+  void Start(v1::KernelService::Stub& stub) {
+    stub.async()->GetKernelStream(&ctx, &req, this);
+    StartRead(&ev_);
+    StartCall();
+  }
+  void OnReadDone(bool ok) override {  // reads run one at a time
+    if (!ok) return;  // the stream ended; OnDone follows
+    events.push_back(ev_);
+    if (!first.HasBeenNotified()) first.Notify();
+    StartRead(&ev_);
+  }
+  void OnDone(const grpc::Status& s) override {
+    status = s;
+    done.Notify();
+  }
+  // The phases of the progress events, in order.
+  std::vector<v1::Progress::Phase> Phases() const {
+    std::vector<v1::Progress::Phase> out;
+    for (const auto& e : events) {
+      if (e.has_progress()) out.push_back(e.progress().phase());
+    }
+    return out;
+  }
+
+ private:
+  v1::GetKernelEvent ev_;
+};
+
+TEST(WaitingStreamTest, ManyStreamsForOneUncompiledKeyShareOneCompileWithoutAThreadEach) {
+  constexpr int kCalls = 500;
+  Fixture g;
+  {
+    // Start the channel and the server's threads first, with a request that
+    // is refused without a compile.
+    StreamCall warm;
+    warm.req = Request();
+    warm.req.mutable_target()->set_arch("sm_70");
+    warm.Start(g.stub());
+    warm.done.WaitForNotification();
+    ASSERT_EQ(warm.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_TRUE(warm.events.empty());
+  }
+  const int before = ThreadCount();
+  ASSERT_GT(before, 0);
+
+  std::vector<std::unique_ptr<StreamCall>> calls;
+  for (int i = 0; i < kCalls; ++i) {
+    calls.push_back(std::make_unique<StreamCall>());
+    calls.back()->req = Request();
+    calls.back()->Start(g.stub());
+  }
+  // Every call has been handled (its first progress event is written inside
+  // the handler) and the compile is running.
+  for (auto& c : calls) c->first.WaitForNotification();
+  g.compiler().AwaitCompiles(1);
+  const int during = ThreadCount();
+  // A synchronous stream handler held a server thread per call here (>= 500).
+  EXPECT_LT(during - before, kCalls / 5) << before << " threads before, " << during << " during";
+  g.service().AwaitWaitingCalls(kCalls);
+
+  g.compiler().Release();
+  for (auto& c : calls) c->done.WaitForNotification();
+  for (int i = 0; i < kCalls; ++i) {
+    const StreamCall& c = *calls[i];
+    ASSERT_TRUE(c.status.ok()) << i << ": " << c.status.error_message();
+    ASSERT_GE(c.events.size(), 2u) << i;
+    // Joined while the compile was queued or running; the result comes last.
+    EXPECT_TRUE(c.events.front().has_progress()) << i;
+    EXPECT_EQ(c.Phases().back(), v1::Progress::PHASE_COMPILING) << i;
+    ASSERT_TRUE(c.events.back().has_result()) << i;
+    EXPECT_EQ(c.events.back().result().cubin(), "fake cubin");
+    EXPECT_FALSE(c.events.back().result().cache_hit());
+    EXPECT_EQ(c.events.back().result().record().key(),
+              calls[0]->events.back().result().record().key());
+  }
+  EXPECT_EQ(g.compiler().compiles(), 1);
+  g.service().AwaitWaitingCalls(0);
+
+  // The kernel is stored now: a stream is answered with the result alone.
+  StreamCall hit;
+  hit.req = Request();
+  hit.Start(g.stub());
+  hit.done.WaitForNotification();
+  ASSERT_TRUE(hit.status.ok()) << hit.status.error_message();
+  ASSERT_EQ(hit.events.size(), 1u);
+  EXPECT_TRUE(hit.events[0].result().cache_hit());
+  EXPECT_EQ(hit.events[0].result().cubin(), "fake cubin");
+  EXPECT_EQ(g.compiler().compiles(), 1);
+}
+
+TEST(WaitingStreamTest, QueuedStreamReportsItsPositionThenCompilingThenTheResult) {
+  Fixture f;
+  StreamCall blocker;
+  blocker.req = Request(128);
+  blocker.Start(f.stub());
+  f.compiler().AwaitCompiles(1);
+  StreamCall queued;
+  queued.req = Request(64);
+  queued.Start(f.stub());
+  f.service().AwaitWaitingCalls(2);
+  queued.first.WaitForNotification();
+
+  f.compiler().Release();
+  blocker.done.WaitForNotification();
+  queued.done.WaitForNotification();
+  ASSERT_TRUE(queued.status.ok()) << queued.status.error_message();
+  ASSERT_FALSE(queued.events.empty());
+  EXPECT_THAT(queued.Phases(), ::testing::ElementsAre(v1::Progress::PHASE_QUEUED,
+                                                      v1::Progress::PHASE_COMPILING));
+  EXPECT_EQ(queued.events.front().progress().queue_position(), 0u);
+  EXPECT_EQ(queued.events.front().progress().queue(), "sm_80");
+  ASSERT_TRUE(queued.events.back().has_result());
+  EXPECT_EQ(queued.events.back().result().cubin(), "fake cubin");
+  EXPECT_TRUE(blocker.status.ok()) << blocker.status.error_message();
+  EXPECT_EQ(f.compiler().compiles(), 2);
+  f.service().AwaitWaitingCalls(0);
+}
+
+TEST(WaitingStreamTest, CancelledStreamIsAnsweredCancelledAndLeavesItsWait) {
+  Fixture f;
+  // A running compile of another key keeps the one asked for below queued.
+  Call blocker;
+  blocker.req = Request(128);
+  blocker.Start(f.stub());
+  f.compiler().AwaitCompiles(1);
+
+  StreamCall call;
+  call.req = Request(64);
+  call.Start(f.stub());
+  f.service().AwaitWaitingCalls(2);
+  call.first.WaitForNotification();
+  call.ctx.TryCancel();
+  call.done.WaitForNotification();
+  EXPECT_EQ(call.status.error_code(), grpc::StatusCode::CANCELLED);
+  // The server saw it (OnCancel) and let go of the wait: the queued compile,
+  // which nobody waits for any more, is dropped.
+  f.service().AwaitWaitingCalls(1);
+  uint64_t dropped = 0;
+  for (const QueueStats& q : f.scheduler().Stats()) dropped += q.dropped;
+  EXPECT_EQ(dropped, 1u);
+
+  f.compiler().Release();
+  blocker.done.WaitForNotification();
+  EXPECT_TRUE(blocker.status.ok()) << blocker.status.error_message();
+  EXPECT_EQ(f.compiler().compiles(), 1);
+  f.service().AwaitWaitingCalls(0);
+}
+
+TEST(WaitingStreamTest, AbandonWaitsAnswersWaitingStreamsUnavailableWithTheRetryHint) {
+  Fixture f;
+  StreamCall running;
+  running.req = Request(128);
+  running.Start(f.stub());
+  f.compiler().AwaitCompiles(1);
+  StreamCall queued;
+  queued.req = Request(64);
+  queued.Start(f.stub());
+  f.service().AwaitWaitingCalls(2);
+
+  f.service().AbandonWaits();
+  for (StreamCall* c : {&running, &queued}) {
+    c->done.WaitForNotification();
+    EXPECT_EQ(c->status.error_code(), grpc::StatusCode::UNAVAILABLE);
+    EXPECT_THAT(c->status.error_message(), ::testing::HasSubstr("shutting down"));
+    EXPECT_THAT(c->status.error_message(), ::testing::HasSubstr("abandoned"));
+    const auto& trailers = c->ctx.GetServerTrailingMetadata();
+    EXPECT_NE(trailers.find("retry-after-ms"), trailers.end());
+    // Progress came first; no result.
+    ASSERT_FALSE(c->events.empty());
+    for (const auto& e : c->events) EXPECT_TRUE(e.has_progress());
+  }
+  f.service().AwaitWaitingCalls(0);
+
+  // A stream that starts waiting after AbandonWaits is answered at once.
+  StreamCall late;
+  late.req = Request(256);
+  late.Start(f.stub());
+  late.done.WaitForNotification();
+  EXPECT_EQ(late.status.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_THAT(late.status.error_message(), ::testing::HasSubstr("abandoned"));
+  f.service().AwaitWaitingCalls(0);
+}
+
+TEST(WaitingStreamTest, QueuedStreamsAreAnsweredUnavailableWhenTheSchedulerShutsDown) {
+  Fixture f;
+  StreamCall running;
+  running.req = Request(128);
+  running.Start(f.stub());
+  f.compiler().AwaitCompiles(1);
+  StreamCall queued;
+  queued.req = Request(64);
+  queued.Start(f.stub());
+  f.service().AwaitWaitingCalls(2);
+
+  absl::Notification stopped;
+  std::thread stopper([&] {
+    f.scheduler().Shutdown(absl::InfiniteDuration()).IgnoreError();
+    stopped.Notify();
+  });
+  queued.done.WaitForNotification();
+  EXPECT_EQ(queued.status.error_code(), grpc::StatusCode::UNAVAILABLE);
+  const auto& trailers = queued.ctx.GetServerTrailingMetadata();
+  EXPECT_NE(trailers.find("retry-after-ms"), trailers.end());
+  f.compiler().Release();
+  running.done.WaitForNotification();
+  EXPECT_TRUE(running.status.ok()) << running.status.error_message();
+  ASSERT_FALSE(running.events.empty());
+  EXPECT_TRUE(running.events.back().has_result());
+  stopper.join();
+}
+
+TEST(WaitingStreamTest, TheServersDeadlineEndsAStreamsWait) {
+  Fixture f(absl::Milliseconds(300));  // the server's cap on every wait
+  StreamCall call;
+  call.req = Request();
+  call.Start(f.stub());
+  call.done.WaitForNotification();
+  EXPECT_EQ(call.status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED)
+      << call.status.error_message();
+  EXPECT_THAT(call.Phases(), ::testing::Contains(v1::Progress::PHASE_COMPILING));
+  f.service().AwaitWaitingCalls(0);
+}
+
+TEST(WaitingStreamTest, ACompileErrorEndsEveryStreamWithItsStatus) {
+  Fixture f;
+  f.compiler().Fail(absl::InvalidArgumentError("fake nvrtc: no such thing"));
+  StreamCall a, b;
+  a.req = Request();
+  b.req = Request();
+  a.Start(f.stub());
+  b.Start(f.stub());
+  f.service().AwaitWaitingCalls(2);
+  f.compiler().Release();
+  for (StreamCall* c : {&a, &b}) {
+    c->done.WaitForNotification();
+    EXPECT_EQ(c->status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_THAT(c->status.error_message(), ::testing::HasSubstr("fake nvrtc: no such thing"));
+    for (const auto& e : c->events) EXPECT_TRUE(e.has_progress());
+  }
+  EXPECT_EQ(f.compiler().compiles(), 1);
   f.service().AwaitWaitingCalls(0);
 }
 
