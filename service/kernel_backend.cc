@@ -186,23 +186,6 @@ absl::StatusOr<KernelAnswer> KernelBackend::Answer(CompileResult result) {
   return answer;
 }
 
-absl::StatusOr<KernelAnswer> KernelBackend::Get(const v1::GetKernelRequest& request,
-                                                absl::Time deadline, CancelToken* cancel) {
-  auto pending = Begin(request, deadline);
-  if (!pending.ok()) return pending.status();
-  if (pending->ticket == nullptr) return std::move(pending->answer);
-  if (cancel != nullptr) {
-    // Poll the token: Ticket::Cancel from another thread would also do, but
-    // a token may be cancelled before we get here.
-    for (;;) {
-      if (cancel->cancelled()) return absl::CancelledError("request cancelled");
-      auto r = pending->ticket->WaitUntil(absl::Now() + absl::Milliseconds(50));
-      if (r.has_value()) return Answer(*std::move(r));
-    }
-  }
-  return Answer(pending->ticket->Wait());
-}
-
 v1::PrefetchResponse KernelBackend::Prefetch(const v1::PrefetchRequest& request) {
   v1::PrefetchResponse resp;
   for (int i = 0; i < request.requests_size(); ++i) {

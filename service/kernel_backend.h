@@ -71,7 +71,9 @@ class KernelBackend {
 
   // A request under way: answered from the store (`ticket` null, `answer`
   // set), or waiting for a compile shared with every concurrent request for
-  // the key (`ticket` set; Wait/WaitUntil it, or destroy it to abandon).
+  // the key (`ticket` set; give it a Ticket::OnDone callback, as the gRPC
+  // service does, or Wait on it; destroy it to abandon). There is no
+  // blocking Get: the daemon's callers must not hold a thread per waiter.
   struct Pending {
     KernelAnswer answer;
     std::unique_ptr<Ticket> ticket;
@@ -81,10 +83,6 @@ class KernelBackend {
                                 ProgressFn progress = nullptr);
   // Turns a finished ticket's result into an answer.
   static absl::StatusOr<KernelAnswer> Answer(CompileResult result);
-
-  // Begin, then wait for the compile (or `cancel`).
-  absl::StatusOr<KernelAnswer> Get(const v1::GetKernelRequest& request, absl::Time deadline,
-                                   CancelToken* cancel = nullptr);
 
   v1::PrefetchResponse Prefetch(const v1::PrefetchRequest& request);
 
