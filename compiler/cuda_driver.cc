@@ -11,6 +11,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "compiler/cuda_library.h"
 
 namespace kcache {
 
@@ -138,33 +139,29 @@ std::unique_ptr<CudaDevices> CudaDevices::Open(const std::string& library_path) 
     return compile_only(absl::StrCat(library_path, " not loadable (", err ? err : "?", ")"));
   }
   auto api = std::make_unique<CudaDriverApi>();
-  std::vector<std::string> missing;
-  auto resolve = [&](auto& fn, const char* name) {
-    fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(handle, name));
-    if (!fn) missing.push_back(name);
-  };
-  resolve(api->GetErrorName, "cuGetErrorName");
-  resolve(api->GetErrorString, "cuGetErrorString");
-  resolve(api->Init, "cuInit");
-  resolve(api->DriverGetVersion, "cuDriverGetVersion");
-  resolve(api->DeviceGetCount, "cuDeviceGetCount");
-  resolve(api->DeviceGet, "cuDeviceGet");
-  resolve(api->DeviceGetName, "cuDeviceGetName");
-  resolve(api->DeviceGetAttribute, "cuDeviceGetAttribute");
-  resolve(api->DeviceTotalMem, "cuDeviceTotalMem_v2");
-  resolve(api->DevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain");
-  resolve(api->DevicePrimaryCtxRelease, "cuDevicePrimaryCtxRelease_v2");
-  resolve(api->CtxPushCurrent, "cuCtxPushCurrent_v2");
-  resolve(api->CtxPopCurrent, "cuCtxPopCurrent_v2");
-  resolve(api->ModuleLoadData, "cuModuleLoadData");
-  resolve(api->ModuleUnload, "cuModuleUnload");
-  resolve(api->ModuleGetFunction, "cuModuleGetFunction");
-  resolve(api->FuncGetAttribute, "cuFuncGetAttribute");
-  resolve(api->FuncSetAttribute, "cuFuncSetAttribute");
-  if (!missing.empty()) {
+  CudaSymbols symbols(handle);
+  symbols.Resolve(api->GetErrorName, "cuGetErrorName");
+  symbols.Resolve(api->GetErrorString, "cuGetErrorString");
+  symbols.Resolve(api->Init, "cuInit");
+  symbols.Resolve(api->DriverGetVersion, "cuDriverGetVersion");
+  symbols.Resolve(api->DeviceGetCount, "cuDeviceGetCount");
+  symbols.Resolve(api->DeviceGet, "cuDeviceGet");
+  symbols.Resolve(api->DeviceGetName, "cuDeviceGetName");
+  symbols.Resolve(api->DeviceGetAttribute, "cuDeviceGetAttribute");
+  symbols.Resolve(api->DeviceTotalMem, "cuDeviceTotalMem_v2");
+  symbols.Resolve(api->DevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain");
+  symbols.Resolve(api->DevicePrimaryCtxRelease, "cuDevicePrimaryCtxRelease_v2");
+  symbols.Resolve(api->CtxPushCurrent, "cuCtxPushCurrent_v2");
+  symbols.Resolve(api->CtxPopCurrent, "cuCtxPopCurrent_v2");
+  symbols.Resolve(api->ModuleLoadData, "cuModuleLoadData");
+  symbols.Resolve(api->ModuleUnload, "cuModuleUnload");
+  symbols.Resolve(api->ModuleGetFunction, "cuModuleGetFunction");
+  symbols.Resolve(api->FuncGetAttribute, "cuFuncGetAttribute");
+  symbols.Resolve(api->FuncSetAttribute, "cuFuncSetAttribute");
+  if (!symbols.missing().empty()) {
     // Not dlclose'd: a driver library is never unloaded.
     return compile_only(
-        absl::StrCat(library_path, " lacks symbols: ", absl::StrJoin(missing, ", ")));
+        absl::StrCat(library_path, " lacks symbols: ", absl::StrJoin(symbols.missing(), ", ")));
   }
   if (absl::Status s = CuStatus(api.get(), api->Init(0), "cuInit"); !s.ok()) {
     return compile_only(s.ToString());

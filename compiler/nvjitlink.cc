@@ -2,18 +2,13 @@
 // prototypes: every entry point is resolved with dlsym.
 #include "compiler/nvjitlink.h"
 
-#include <dlfcn.h>
-#include <limits.h>
 #include <nvJitLink.h>
-#include <stdlib.h>
 
-#include <cstdlib>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
-#include "compiler/nvrtc.h"
 #include "compiler/cuda_library.h"
+#include "compiler/nvrtc.h"
 
 namespace kcache {
 
@@ -91,44 +86,26 @@ NvJitLink::~NvJitLink() = default;  // the library stays loaded, as NVRTC does
 absl::Status NvJitLink::Load() const { return GetApi().status(); }
 
 absl::StatusOr<const NvJitLink::Api*> NvJitLink::GetApi() const {
-  absl::MutexLock lock(&mu_);
-  if (attempted_) {
-    if (!load_status_.ok()) return load_status_;
-    return api_.get();
-  }
-  attempted_ = true;
-  absl::StatusOr<void*> opened = OpenCudaLibrary("nvJitLink", "libnvJitLink", 13, library_path_);
-  if (!opened.ok()) {
-    load_status_ = opened.status();
-    return load_status_;
-  }
-  void* handle = *opened;
-
-  auto api = std::make_unique<Api>();
-  std::vector<std::string> missing;
-  auto resolve = [&](auto& fn, const char* name) {
-    fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(handle, name));
-    if (!fn) missing.push_back(name);
-  };
-  resolve(api->Create, "nvJitLinkCreate");
-  resolve(api->Destroy, "nvJitLinkDestroy");
-  resolve(api->AddData, "nvJitLinkAddData");
-  resolve(api->Complete, "nvJitLinkComplete");
-  resolve(api->GetLinkedCubinSize, "nvJitLinkGetLinkedCubinSize");
-  resolve(api->GetLinkedCubin, "nvJitLinkGetLinkedCubin");
-  resolve(api->GetErrorLogSize, "nvJitLinkGetErrorLogSize");
-  resolve(api->GetErrorLog, "nvJitLinkGetErrorLog");
-  resolve(api->GetInfoLogSize, "nvJitLinkGetInfoLogSize");
-  resolve(api->GetInfoLog, "nvJitLinkGetInfoLog");
-  resolve(api->Version, "nvJitLinkVersion");
-  if (!missing.empty()) {
-    dlclose(handle);
-    load_status_ = absl::UnavailableError(absl::StrCat(
-        "nvJitLink library lacks symbols (need CUDA >= 12.3): ", absl::StrJoin(missing, ", ")));
-    return load_status_;
-  }
-  api_ = std::move(api);
-  return api_.get();
+  return api_.Get([&]() -> absl::StatusOr<std::unique_ptr<Api>> {
+    auto api = std::make_unique<Api>();
+    absl::StatusOr<void*> loaded = LoadCudaLibrary(
+        "nvJitLink", "libnvJitLink", 13, library_path_,
+        "nvJitLink library lacks symbols (need CUDA >= 12.3)", [&](CudaSymbols& symbols) {
+          symbols.Resolve(api->Create, "nvJitLinkCreate");
+          symbols.Resolve(api->Destroy, "nvJitLinkDestroy");
+          symbols.Resolve(api->AddData, "nvJitLinkAddData");
+          symbols.Resolve(api->Complete, "nvJitLinkComplete");
+          symbols.Resolve(api->GetLinkedCubinSize, "nvJitLinkGetLinkedCubinSize");
+          symbols.Resolve(api->GetLinkedCubin, "nvJitLinkGetLinkedCubin");
+          symbols.Resolve(api->GetErrorLogSize, "nvJitLinkGetErrorLogSize");
+          symbols.Resolve(api->GetErrorLog, "nvJitLinkGetErrorLog");
+          symbols.Resolve(api->GetInfoLogSize, "nvJitLinkGetInfoLogSize");
+          symbols.Resolve(api->GetInfoLog, "nvJitLinkGetInfoLog");
+          symbols.Resolve(api->Version, "nvJitLinkVersion");
+        });
+    if (!loaded.ok()) return loaded.status();
+    return api;
+  });
 }
 
 absl::StatusOr<NvJitLinkVersion> NvJitLink::Version() const {
@@ -145,13 +122,7 @@ absl::StatusOr<NvJitLinkVersion> NvJitLink::Version() const {
 absl::StatusOr<std::string> NvJitLink::LibraryPath() const {
   auto api = GetApi();
   if (!api.ok()) return api.status();
-  Dl_info info;
-  if (dladdr(reinterpret_cast<void*>((*api)->Version), &info) == 0 || !info.dli_fname) {
-    return absl::InternalError("dladdr could not name the loaded nvJitLink library");
-  }
-  char resolved[PATH_MAX];
-  if (!realpath(info.dli_fname, resolved)) return std::string(info.dli_fname);
-  return std::string(resolved);
+  return LoadedLibraryPath(reinterpret_cast<void*>((*api)->Version), "nvJitLink");
 }
 
 absl::StatusOr<LinkOutput> NvJitLink::LinkPtx(absl::string_view ptx, absl::string_view arch,
@@ -177,14 +148,8 @@ absl::StatusOr<LinkOutput> NvJitLink::LinkPtx(absl::string_view ptx, absl::strin
     ~Destroy() { api.Destroy(h); }
   } destroy{api, &h};
   auto error_log = [&]() {
-    std::string log;
-    size_t n = 0;
-    if (api.GetErrorLogSize(h, &n) == NVJITLINK_SUCCESS && n > 1) {
-      log.resize(n);
-      if (api.GetErrorLog(h, log.data()) != NVJITLINK_SUCCESS) log.clear();
-      while (!log.empty() && log.back() == '\0') log.pop_back();
-    }
-    return log;
+    return ReadCudaLog([&](size_t* n) { return api.GetErrorLogSize(h, n) == NVJITLINK_SUCCESS; },
+                       [&](char* log) { return api.GetErrorLog(h, log) == NVJITLINK_SUCCESS; });
   };
   // nvJitLink reads PTX as a C string: pass a terminated copy.
   const std::string data(ptx);
@@ -197,12 +162,8 @@ absl::StatusOr<LinkOutput> NvJitLink::LinkPtx(absl::string_view ptx, absl::strin
   }
   const nvJitLinkResult done = api.Complete(h);
   LinkOutput out;
-  size_t n = 0;
-  if (api.GetInfoLogSize(h, &n) == NVJITLINK_SUCCESS && n > 1) {
-    out.log.resize(n);
-    if (api.GetInfoLog(h, out.log.data()) != NVJITLINK_SUCCESS) out.log.clear();
-    while (!out.log.empty() && out.log.back() == '\0') out.log.pop_back();
-  }
+  out.log = ReadCudaLog([&](size_t* n) { return api.GetInfoLogSize(h, n) == NVJITLINK_SUCCESS; },
+                        [&](char* log) { return api.GetInfoLog(h, log) == NVJITLINK_SUCCESS; });
   if (done != NVJITLINK_SUCCESS) {
     return JitLinkStatus(done, absl::StrCat("nvJitLink of ", input_name, " for ", arch),
                          error_log());

@@ -11,10 +11,9 @@
 #include <string>
 #include <vector>
 
-#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "absl/synchronization/mutex.h"
+#include "compiler/cuda_library.h"
 
 namespace kcache {
 
@@ -61,10 +60,7 @@ class NvJitLink {
   absl::StatusOr<const Api*> GetApi() const;
 
   const std::string library_path_;
-  mutable absl::Mutex mu_;
-  mutable bool attempted_ ABSL_GUARDED_BY(mu_) = false;
-  mutable absl::Status load_status_ ABSL_GUARDED_BY(mu_);
-  mutable std::unique_ptr<Api> api_;  // set once under mu_, read-only after
+  LazyCudaApi<Api> api_;
 };
 
 }  // namespace kcache

@@ -2,21 +2,16 @@
 // types and prototypes: every entry point is resolved with dlsym.
 #include "compiler/nvrtc.h"
 
-#include <dlfcn.h>
-#include <limits.h>
 #include <nvrtc.h>
-#include <stdlib.h>
 
 #include <cctype>
-#include <cstdlib>
 #include <utility>
 
-#include "absl/strings/numbers.h"
-#include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
-#include "absl/strings/str_split.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "compiler/cuda_library.h"
 
@@ -175,46 +170,25 @@ Nvrtc::~Nvrtc() {
 absl::Status Nvrtc::Load() const { return GetApi().status(); }
 
 absl::StatusOr<const Nvrtc::Api*> Nvrtc::GetApi() const {
-  absl::MutexLock lock(&mu_);
-  if (attempted_) {
-    if (!load_status_.ok()) return load_status_;
-    return api_.get();
-  }
-  attempted_ = true;
-
-  absl::StatusOr<void*> opened = OpenCudaLibrary("NVRTC", "libnvrtc", 13, library_path_);
-  if (!opened.ok()) {
-    load_status_ = opened.status();
-    return load_status_;
-  }
-  void* handle = *opened;
-
-  auto api = std::make_unique<Api>();
-  std::vector<std::string> missing;
-  auto resolve = [&](auto& fn, const char* name) {
-    fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(handle, name));
-    if (!fn) missing.push_back(name);
-  };
-  resolve(api->GetErrorString, "nvrtcGetErrorString");
-  resolve(api->Version, "nvrtcVersion");
-  resolve(api->CreateProgram, "nvrtcCreateProgram");
-  resolve(api->DestroyProgram, "nvrtcDestroyProgram");
-  resolve(api->CompileProgram, "nvrtcCompileProgram");
-  resolve(api->GetCUBINSize, "nvrtcGetCUBINSize");
-  resolve(api->GetCUBIN, "nvrtcGetCUBIN");
-  resolve(api->GetProgramLogSize, "nvrtcGetProgramLogSize");
-  resolve(api->GetProgramLog, "nvrtcGetProgramLog");
-  resolve(api->SetFlowCallback, "nvrtcSetFlowCallback");
-  if (!missing.empty()) {
-    dlclose(handle);
-    load_status_ = absl::UnavailableError(
-        absl::StrCat("NVRTC library lacks symbols (too old? need NVRTC >= 12.x): ",
-                     absl::StrJoin(missing, ", ")));
-    return load_status_;
-  }
-  handle_ = handle;
-  api_ = std::move(api);
-  return api_.get();
+  return api_.Get([&]() -> absl::StatusOr<std::unique_ptr<Api>> {
+    auto api = std::make_unique<Api>();
+    absl::StatusOr<void*> loaded = LoadCudaLibrary(
+        "NVRTC", "libnvrtc", 13, library_path_,
+        "NVRTC library lacks symbols (too old? need NVRTC >= 12.x)", [&](CudaSymbols& symbols) {
+          symbols.Resolve(api->GetErrorString, "nvrtcGetErrorString");
+          symbols.Resolve(api->Version, "nvrtcVersion");
+          symbols.Resolve(api->CreateProgram, "nvrtcCreateProgram");
+          symbols.Resolve(api->DestroyProgram, "nvrtcDestroyProgram");
+          symbols.Resolve(api->CompileProgram, "nvrtcCompileProgram");
+          symbols.Resolve(api->GetCUBINSize, "nvrtcGetCUBINSize");
+          symbols.Resolve(api->GetCUBIN, "nvrtcGetCUBIN");
+          symbols.Resolve(api->GetProgramLogSize, "nvrtcGetProgramLogSize");
+          symbols.Resolve(api->GetProgramLog, "nvrtcGetProgramLog");
+          symbols.Resolve(api->SetFlowCallback, "nvrtcSetFlowCallback");
+        });
+    if (!loaded.ok()) return loaded.status();
+    return api;
+  });
 }
 
 absl::StatusOr<NvrtcVersion> Nvrtc::Version() const {
@@ -230,13 +204,7 @@ absl::StatusOr<NvrtcVersion> Nvrtc::Version() const {
 absl::StatusOr<std::string> Nvrtc::LibraryPath() const {
   absl::StatusOr<const Api*> api = GetApi();
   if (!api.ok()) return api.status();
-  Dl_info info;
-  if (dladdr(reinterpret_cast<void*>((*api)->Version), &info) == 0 || !info.dli_fname) {
-    return absl::InternalError("dladdr could not name the loaded NVRTC library");
-  }
-  char resolved[PATH_MAX];
-  if (!realpath(info.dli_fname, resolved)) return std::string(info.dli_fname);
-  return std::string(resolved);
+  return LoadedLibraryPath(reinterpret_cast<void*>((*api)->Version), "NVRTC");
 }
 
 absl::StatusOr<CompileOutput> Nvrtc::Compile(const CompileInput& input,
@@ -296,12 +264,8 @@ absl::StatusOr<CompileOutput> Nvrtc::Compile(const CompileInput& input,
       api.CompileProgram(prog, static_cast<int>(options.size()), options.data());
 
   CompileOutput out;
-  size_t log_size = 0;
-  if (api.GetProgramLogSize(prog, &log_size) == NVRTC_SUCCESS && log_size > 1) {
-    out.log.resize(log_size);
-    if (api.GetProgramLog(prog, out.log.data()) != NVRTC_SUCCESS) out.log.clear();
-    while (!out.log.empty() && out.log.back() == '\0') out.log.pop_back();
-  }
+  out.log = ReadCudaLog([&](size_t* n) { return api.GetProgramLogSize(prog, n) == NVRTC_SUCCESS; },
+                        [&](char* log) { return api.GetProgramLog(prog, log) == NVRTC_SUCCESS; });
   if (compiled != NVRTC_SUCCESS) {
     return NvrtcStatus(compiled, api.GetErrorString,
                        absl::StrCat("NVRTC compile of ", name, " for ", input.arch), out.log);

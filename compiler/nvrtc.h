@@ -16,14 +16,13 @@
 
 #include <memory>
 #include <string>
-#include "absl/strings/string_view.h"
 #include <vector>
 
-#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "compiler/compile.h"
+#include "compiler/cuda_library.h"
 
 namespace kcache {
 
@@ -78,12 +77,7 @@ class Nvrtc {
   absl::StatusOr<const Api*> GetApi() const;
 
   const std::string library_path_;
-  mutable absl::Mutex mu_;
-  mutable bool attempted_ ABSL_GUARDED_BY(mu_) = false;
-  mutable absl::Status load_status_ ABSL_GUARDED_BY(mu_);
-  // Set once under mu_, read-only afterwards (published by attempted_).
-  mutable std::unique_ptr<Api> api_;
-  mutable void* handle_ = nullptr;
+  LazyCudaApi<Api> api_;
 };
 
 // Compiles in the calling process. Cheap, but an NVRTC crash or hang takes
