@@ -57,12 +57,10 @@ absl::StatusOr<AttentionIdentity> ResolveAttention(const v1::AttentionSpec& spec
   id.arch = std::string(arch);
   const std::string canonical = attention::CanonicalSpecBytes(id.normalized);
   const std::string digest(kernels::TemplateDigestHex());
-  KeyParts parts;
-  parts.spec_canonical = canonical;
-  parts.template_digest = digest;
-  parts.toolchain = &toolchain;
-  parts.arch = id.arch;
-  auto key = ComputeKey(parts);
+  auto key = ComputeKey({.spec_canonical = canonical,
+                         .template_digest = digest,
+                         .toolchain = &toolchain,
+                         .arch = id.arch});
   if (!key.ok()) return key.status();
   id.key = *std::move(key);
   return id;
@@ -79,28 +77,39 @@ absl::StatusOr<AttentionBuild> BuildAttention(const AttentionIdentity& id,
   in.program_name = gen->program_name;
   in.headers = TemplateHeaders();
   in.arch = id.arch;
+  return CompileKernelBuild(
+      in, id.key, toolchain, compiler, deadline, start,
+      [&](const CompileOutput& out, AttentionBuild& b) {
+        v1::KernelRecord& rec = b.record;
+        *rec.mutable_spec() = id.normalized;
+        rec.set_template_digest(std::string(kernels::TemplateDigestHex()));
+        rec.set_abi_version(kAttentionAbiVersion);
+        rec.set_deterministic_backward(id.normalized.backward() && id.normalized.deterministic());
+        for (const v1::EntryPoint& e : gen->entry_points) {
+          v1::EntryPoint* ep = rec.add_entry_points();
+          *ep = e;
+          if (const KernelReport* k = FindReport(out.kernels, e.name())) {
+            *ep->mutable_resources() = ToResources(*k);
+          }
+          b.requirements.push_back(
+              {e.name(), static_cast<int>(e.dynamic_smem_bytes()), static_cast<int>(e.threads())});
+        }
+      });
+}
+
+absl::StatusOr<AttentionBuild> CompileKernelBuild(
+    const CompileInput& in, const std::string& key, const v1::Toolchain& toolchain,
+    Compiler& compiler, absl::Time deadline, absl::Time start,
+    absl::FunctionRef<void(const CompileOutput&, AttentionBuild&)> describe) {
   auto out = compiler.Compile(in, deadline);
   if (!out.ok()) return out.status();
-
   AttentionBuild b;
   v1::KernelRecord& rec = b.record;
-  rec.set_key(id.key);
+  rec.set_key(key);
   *rec.mutable_toolchain() = toolchain;
-  rec.set_arch(id.arch);
-  *rec.mutable_spec() = id.normalized;
-  rec.set_template_digest(std::string(kernels::TemplateDigestHex()));
-  rec.set_abi_version(kAttentionAbiVersion);
+  rec.set_arch(in.arch);
   rec.set_compile_log(out->log);
-  rec.set_deterministic_backward(id.normalized.backward() && id.normalized.deterministic());
-  for (const v1::EntryPoint& e : gen->entry_points) {
-    v1::EntryPoint* ep = rec.add_entry_points();
-    *ep = e;
-    if (const KernelReport* k = FindReport(out->kernels, e.name())) {
-      *ep->mutable_resources() = ToResources(*k);
-    }
-    b.requirements.push_back(
-        {e.name(), static_cast<int>(e.dynamic_smem_bytes()), static_cast<int>(e.threads())});
-  }
+  describe(*out, b);
   rec.set_compile_time_us(static_cast<uint64_t>(absl::ToInt64Microseconds(absl::Now() - start)));
   rec.set_created_unix_ms(absl::ToUnixMillis(absl::Now()));
   b.cubin = std::move(out->cubin);

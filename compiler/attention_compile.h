@@ -8,6 +8,7 @@
 #include <string_view>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "compiler/compile.h"
@@ -53,6 +54,17 @@ struct AttentionBuild {
 absl::StatusOr<AttentionBuild> BuildAttention(const AttentionIdentity& id,
                                               const v1::Toolchain& toolchain, Compiler& compiler,
                                               absl::Time deadline);
+
+// What BuildAttention and BuildRaw (raw_kernel.h) share: compiles `in` with
+// `compiler` by `deadline`, then builds the record fields every kernel kind
+// has (key, toolchain, in.arch, compile log, compile time since `start`,
+// creation time) and keeps the cubin; `describe` first adds the kind's own
+// fields and requirements from the compiler's output. Errors are the
+// compiler's.
+absl::StatusOr<AttentionBuild> CompileKernelBuild(
+    const CompileInput& in, const std::string& key, const v1::Toolchain& toolchain,
+    Compiler& compiler, absl::Time deadline, absl::Time start,
+    absl::FunctionRef<void(const CompileOutput&, AttentionBuild&)> describe);
 
 // Records a successful device verification: resources as the driver reports
 // them, verified, verified_on.

@@ -39,12 +39,10 @@ absl::StatusOr<RawIdentity> ResolveRaw(const v1::RawKernel& raw, std::string_vie
   AppendField(&canonical, absl::StrCat(id.source.kernel_names.size()));
   for (const std::string& n : id.source.kernel_names) AppendField(&canonical, n);
   const std::string source_hex = ToHex(digest);
-  KeyParts parts;
-  parts.spec_canonical = canonical;
-  parts.template_digest = source_hex;
-  parts.toolchain = &toolchain;
-  parts.arch = id.arch;
-  auto key = ComputeKey(parts);
+  auto key = ComputeKey({.spec_canonical = canonical,
+                         .template_digest = source_hex,
+                         .toolchain = &toolchain,
+                         .arch = id.arch});
   if (!key.ok()) return key.status();
   id.key = *std::move(key);
   return id;
@@ -57,33 +55,25 @@ absl::StatusOr<AttentionBuild> BuildRaw(const RawIdentity& id, const v1::Toolcha
   in.arch = id.arch;
   in.program_name = "raw";
   in.raw = id.source;
-  auto out = compiler.Compile(in, deadline);
-  if (!out.ok()) return out.status();
-
-  AttentionBuild b;
-  v1::KernelRecord& rec = b.record;
-  rec.set_key(id.key);
-  *rec.mutable_toolchain() = toolchain;
-  rec.set_arch(id.arch);
-  rec.set_template_digest(ToHex(id.source_sha256));
-  rec.set_compile_log(out->log);
-  v1::RawKernelInfo* info = rec.mutable_raw();
-  info->set_format(static_cast<v1::RawKernel::Format>(id.source.format));
-  info->set_source_sha256(id.source_sha256);
-  info->set_source_size(id.source.bytes.size());
-  for (const std::string& name : id.source.kernel_names) {
-    info->add_kernel_names(name);
-    v1::EntryPoint* ep = rec.add_entry_points();
-    ep->set_name(name);
-    for (const KernelReport& k : out->kernels) {
-      if (k.name == name) *ep->mutable_resources() = ToResources(k);
-    }
-    b.requirements.push_back({name, 0, 0});
-  }
-  rec.set_compile_time_us(static_cast<uint64_t>(absl::ToInt64Microseconds(absl::Now() - start)));
-  rec.set_created_unix_ms(absl::ToUnixMillis(absl::Now()));
-  b.cubin = std::move(out->cubin);
-  return b;
+  return CompileKernelBuild(
+      in, id.key, toolchain, compiler, deadline, start,
+      [&](const CompileOutput& out, AttentionBuild& b) {
+        v1::KernelRecord& rec = b.record;
+        rec.set_template_digest(ToHex(id.source_sha256));
+        v1::RawKernelInfo* info = rec.mutable_raw();
+        info->set_format(static_cast<v1::RawKernel::Format>(id.source.format));
+        info->set_source_sha256(id.source_sha256);
+        info->set_source_size(id.source.bytes.size());
+        for (const std::string& name : id.source.kernel_names) {
+          info->add_kernel_names(name);
+          v1::EntryPoint* ep = rec.add_entry_points();
+          ep->set_name(name);
+          for (const KernelReport& k : out.kernels) {
+            if (k.name == name) *ep->mutable_resources() = ToResources(k);
+          }
+          b.requirements.push_back({name, 0, 0});
+        }
+      });
 }
 
 }  // namespace kcache
