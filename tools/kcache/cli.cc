@@ -9,8 +9,10 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <optional>
 #include <sstream>
 
+#include "absl/functional/function_ref.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -264,11 +266,8 @@ class Cli {
       return Usage("give at most one of --socket, --target and --store");
     }
     if (a_.has("timeout")) {
-      auto t = ParseDurationArg(a_.get("timeout"));
-      if (!t.ok() || *t <= absl::ZeroDuration()) {
-        return Usage(
-            absl::StrCat("--timeout: ", t.ok() ? "must be positive" : t.status().message()));
-      }
+      auto t = PositiveDurationArg("timeout");
+      if (!t) return exit_;
       conn_.rpc_timeout = *t;
     }
     static const std::map<std::string, int (Cli::*)()> kRun = {
@@ -318,6 +317,29 @@ class Cli {
       return false;
     }
     return true;
+  }
+
+  // --toolchain as a 16-digit hex id (import, invalidate), checked; false
+  // after reporting a usage error.
+  bool CheckToolchainArg() {
+    const std::string id = a_.get("toolchain");
+    if (!ParseToolchainIdHex(id).ok()) {
+      exit_ = Usage(absl::StrCat("--toolchain: '", id, "' is not a 16-digit hex id"));
+      return false;
+    }
+    return true;
+  }
+
+  // --`flag` as a positive duration (--timeout, --deadline); nullopt after
+  // reporting a usage error.
+  std::optional<absl::Duration> PositiveDurationArg(const std::string& flag) {
+    auto d = ParseDurationArg(a_.get(flag));
+    if (!d.ok() || *d <= absl::ZeroDuration()) {
+      exit_ =
+          Usage(absl::StrCat("--", flag, ": ", d.ok() ? "must be positive" : d.status().message()));
+      return std::nullopt;
+    }
+    return *d;
   }
 
   // The filter flags (ls, export), checked; false after reporting a usage error.
@@ -414,86 +436,86 @@ class Cli {
     return j;
   }
 
-  int Status() {
+  // status and stats: the stats as JSON with --json, otherwise `text`.
+  int PrintStats(absl::FunctionRef<void(const Admin&, const v1::StatsResponse&)> text) {
     auto admin = Open();
     if (!admin) return exit_;
     auto s = admin->Stats();
     if (!s.ok()) return Fail(s.status());
     if (json_) {
       PrintJson(StatsJson(*admin, *s));
-      return kExitOk;
-    }
-    const bool daemon = admin->channel() != nullptr;
-    std::ostream& o = io_.out;
-    o << "source      " << admin->Describe()
-      << (daemon ? (s->compile_only() ? " (compile-only)" : "") : " (no daemon)") << "\n";
-    const auto& tc = s->toolchain();
-    o << "toolchain   "
-      << (tc.id().empty() ? std::string("unknown (NVRTC does not load here)")
-                          : absl::StrCat(tc.compiler(), " ", tc.version(), "  id ", tc.id(),
-                                         daemon ? "" : "  (this machine's NVRTC)"))
-      << "\n";
-    if (daemon) {
-      o << "devices     "
-        << (s->devices().empty() ? std::string("none (compiles for named architectures only)")
-                                 : absl::StrJoin(s->devices(), "; "))
-        << "\n";
-      std::vector<std::string> qs;
-      for (const auto& q : s->queues()) {
-        qs.push_back(
-            absl::StrCat(q.name(), " ", q.busy() ? "busy" : "idle", ", ", q.depth(), " queued"));
-      }
-      o << "queues      " << (qs.empty() ? std::string("none yet") : absl::StrJoin(qs, "; "))
-        << "\n";
-    }
-    o << "store       " << s->entries() << " entries, " << s->blobs() << " cubins, "
-      << HumanBytes(s->blob_bytes()) << ", " << s->pinned() << " pinned, " << s->quarantined()
-      << " quarantined\n\n";
-    Table t({"TOOLCHAIN", "ENTRIES", "BYTES", "ARCHS", ""}, {false, true, true, false, false});
-    for (const auto& [id, r] : ByToolchain(*s)) {
-      t.Add(
-          {id, absl::StrCat(r.entries), HumanBytes(r.bytes), absl::StrJoin(r.archs, ","),
-           id == tc.id() ? "current" : "other: never served; kcache invalidate --toolchain " + id});
-    }
-    if (t.size() == 0) {
-      o << "(no entries)\n";
     } else {
-      t.Print(o);
+      text(*admin, *s);
     }
     return kExitOk;
   }
 
+  int Status() {
+    return PrintStats([&](const Admin& admin, const v1::StatsResponse& s) {
+      const bool daemon = admin.channel() != nullptr;
+      std::ostream& o = io_.out;
+      o << "source      " << admin.Describe()
+        << (daemon ? (s.compile_only() ? " (compile-only)" : "") : " (no daemon)") << "\n";
+      const auto& tc = s.toolchain();
+      o << "toolchain   "
+        << (tc.id().empty() ? std::string("unknown (NVRTC does not load here)")
+                            : absl::StrCat(tc.compiler(), " ", tc.version(), "  id ", tc.id(),
+                                           daemon ? "" : "  (this machine's NVRTC)"))
+        << "\n";
+      if (daemon) {
+        o << "devices     "
+          << (s.devices().empty() ? std::string("none (compiles for named architectures only)")
+                                  : absl::StrJoin(s.devices(), "; "))
+          << "\n";
+        std::vector<std::string> qs;
+        for (const auto& q : s.queues()) {
+          qs.push_back(
+              absl::StrCat(q.name(), " ", q.busy() ? "busy" : "idle", ", ", q.depth(), " queued"));
+        }
+        o << "queues      " << (qs.empty() ? std::string("none yet") : absl::StrJoin(qs, "; "))
+          << "\n";
+      }
+      o << "store       " << s.entries() << " entries, " << s.blobs() << " cubins, "
+        << HumanBytes(s.blob_bytes()) << ", " << s.pinned() << " pinned, " << s.quarantined()
+        << " quarantined\n\n";
+      Table t({"TOOLCHAIN", "ENTRIES", "BYTES", "ARCHS", ""}, {false, true, true, false, false});
+      for (const auto& [id, r] : ByToolchain(s)) {
+        t.Add({id, absl::StrCat(r.entries), HumanBytes(r.bytes), absl::StrJoin(r.archs, ","),
+               id == tc.id() ? "current"
+                             : "other: never served; kcache invalidate --toolchain " + id});
+      }
+      if (t.size() == 0) {
+        o << "(no entries)\n";
+      } else {
+        t.Print(o);
+      }
+    });
+  }
+
   int Stats() {
-    auto admin = Open();
-    if (!admin) return exit_;
-    auto s = admin->Stats();
-    if (!s.ok()) return Fail(s.status());
-    if (json_) {
-      PrintJson(StatsJson(*admin, *s));
-      return kExitOk;
-    }
-    std::ostream& o = io_.out;
-    if (admin->channel()) {
-      uint64_t answered = s->hits() + s->misses();
-      o << "requests          " << s->requests() << "\n"
-        << "hits              " << s->hits()
-        << (answered ? absl::StrFormat(" (%.1f%%)", 100.0 * s->hits() / answered) : "") << "\n"
-        << "misses            " << s->misses() << "\n"
-        << "compiles          " << s->compiles() << "\n"
-        << "compile failures  " << s->compile_failures() << "\n";
-    }
-    o << "entries           " << s->entries() << "\n"
-      << "cubins            " << s->blobs() << " (" << HumanBytes(s->blob_bytes()) << ")\n"
-      << "pinned            " << s->pinned() << "\n"
-      << "quarantined       " << s->quarantined() << "\n\n";
-    Table t({"TOOLCHAIN", "ARCH", "ENTRIES", "BYTES"}, {false, false, true, true});
-    for (const auto& g : s->groups()) {
-      t.Add({g.toolchain_id() + (g.toolchain_id() == s->toolchain().id() ? "*" : ""), g.arch(),
-             absl::StrCat(g.entries()), HumanBytes(g.bytes())});
-    }
-    t.Print(o);
-    if (!s->toolchain().id().empty()) o << "(* the current toolchain)\n";
-    return kExitOk;
+    return PrintStats([&](const Admin& admin, const v1::StatsResponse& s) {
+      std::ostream& o = io_.out;
+      if (admin.channel()) {
+        uint64_t answered = s.hits() + s.misses();
+        o << "requests          " << s.requests() << "\n"
+          << "hits              " << s.hits()
+          << (answered ? absl::StrFormat(" (%.1f%%)", 100.0 * s.hits() / answered) : "") << "\n"
+          << "misses            " << s.misses() << "\n"
+          << "compiles          " << s.compiles() << "\n"
+          << "compile failures  " << s.compile_failures() << "\n";
+      }
+      o << "entries           " << s.entries() << "\n"
+        << "cubins            " << s.blobs() << " (" << HumanBytes(s.blob_bytes()) << ")\n"
+        << "pinned            " << s.pinned() << "\n"
+        << "quarantined       " << s.quarantined() << "\n\n";
+      Table t({"TOOLCHAIN", "ARCH", "ENTRIES", "BYTES"}, {false, false, true, true});
+      for (const auto& g : s.groups()) {
+        t.Add({g.toolchain_id() + (g.toolchain_id() == s.toolchain().id() ? "*" : ""), g.arch(),
+               absl::StrCat(g.entries()), HumanBytes(g.bytes())});
+      }
+      t.Print(o);
+      if (!s.toolchain().id().empty()) o << "(* the current toolchain)\n";
+    });
   }
 
   // --- ls / show ------------------------------------------------------------
@@ -580,8 +602,7 @@ class Cli {
             {false, false, true, true, true, true, true});
     for (const CubinKernel& k : info->kernels) {
       t.Add({"  " + k.name, k.entry ? "kernel" : "device fn", num(k.registers),
-             num(k.static_smem_bytes), num(k.frame_bytes), num(k.param_bytes),
-             num(k.code_bytes)});
+             num(k.static_smem_bytes), num(k.frame_bytes), num(k.param_bytes), num(k.code_bytes)});
     }
     t.Print(o);
     for (const std::string& n : info->notes) o << "  note: " << n << "\n";
@@ -606,9 +627,12 @@ class Cli {
         if (auto info = ReadCubin(*cubin); info.ok()) {
           json ks = json::array();
           for (const CubinKernel& k : info->kernels) {
-            ks.push_back({{"name", k.name}, {"entry", k.entry}, {"registers", k.registers},
+            ks.push_back({{"name", k.name},
+                          {"entry", k.entry},
+                          {"registers", k.registers},
                           {"static_smem_bytes", k.static_smem_bytes},
-                          {"frame_bytes", k.frame_bytes}, {"param_bytes", k.param_bytes},
+                          {"frame_bytes", k.frame_bytes},
+                          {"param_bytes", k.param_bytes},
                           {"code_bytes", k.code_bytes}});
           }
           j["cubin_kernels"] = ks;
@@ -623,7 +647,7 @@ class Cli {
     o << "key           " << KeyToHex(r.key()) << "\n"
       << "spec          "
       << (r.has_raw() ? absl::StrCat("raw kernel (", v1::RawKernel::Format_Name(r.raw().format()),
-                                      ": ", absl::StrJoin(r.raw().kernel_names(), ", "), ")")
+                                     ": ", absl::StrJoin(r.raw().kernel_names(), ", "), ")")
                       : attention::DescribeSpec(r.spec()))
       << "\n"
       << "arch          " << r.arch() << "\n"
@@ -686,11 +710,8 @@ class Cli {
       wo.jobs = jobs;
     }
     if (a_.has("deadline")) {
-      auto d = ParseDurationArg(a_.get("deadline"));
-      if (!d.ok() || *d <= absl::ZeroDuration()) {
-        return Usage(
-            absl::StrCat("--deadline: ", d.ok() ? "must be positive" : d.status().message()));
-      }
+      auto d = PositiveDurationArg("deadline");
+      if (!d) return exit_;
       wo.deadline = *d;
     }
     auto items = LoadManifest(a_.positional[0]);
@@ -827,10 +848,7 @@ class Cli {
   int Import() {
     const std::string file = a_.positional[0];
     if (a_.has("toolchain")) {
-      if (!ParseToolchainIdHex(a_.get("toolchain")).ok()) {
-        return Usage(
-            absl::StrCat("--toolchain: '", a_.get("toolchain"), "' is not a 16-digit hex id"));
-      }
+      if (!CheckToolchainArg()) return exit_;
       if (conn_.store.empty()) return Usage("--toolchain is for --store (a daemon uses its own)");
       conn_.toolchain_id = a_.get("toolchain");
     }
@@ -876,10 +894,7 @@ class Cli {
     int given = 0;
     if (a_.has("toolchain")) {
       ++given;
-      if (!ParseToolchainIdHex(a_.get("toolchain")).ok()) {
-        return Usage(
-            absl::StrCat("--toolchain: '", a_.get("toolchain"), "' is not a 16-digit hex id"));
-      }
+      if (!CheckToolchainArg()) return exit_;
       req.set_toolchain_id(a_.get("toolchain"));
     }
     if (a_.has("arch")) {
