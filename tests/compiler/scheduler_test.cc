@@ -215,6 +215,26 @@ Scheduler::Options OneThread(Clock* clock = nullptr) {
   return o;
 }
 
+// Submits `r` with its key's gate closed and returns once its job runs: the
+// queue stays busy until the test opens the gate.
+absl::StatusOr<std::unique_ptr<Ticket>> SubmitRunning(Scheduler& scheduler, FakeCompiler& fake,
+                                                      Request r) {
+  const std::string key = r.key;
+  fake.Close(key);
+  auto ticket = scheduler.Submit(std::move(r));
+  if (ticket.ok()) fake.WaitStarted(key);
+  return ticket;
+}
+
+// The same through SubmitPrefetch.
+absl::Status PrefetchRunning(Scheduler& scheduler, FakeCompiler& fake, Request r) {
+  const std::string key = r.key;
+  fake.Close(key);
+  absl::Status submitted = scheduler.SubmitPrefetch(std::move(r));
+  if (submitted.ok()) fake.WaitStarted(key);
+  return submitted;
+}
+
 // ---------------------------------------------------------------------------
 
 TEST(SchedulerTest, ManyThreadsManyDevicesShareOneCompilePerKey) {
@@ -283,10 +303,8 @@ TEST(SchedulerTest, ManyThreadsManyDevicesShareOneCompilePerKey) {
 TEST(SchedulerTest, InteractiveBeforePrefetchFifoWithinPriorityAndPromotion) {
   FakeCompiler fake;
   Scheduler scheduler(OneThread());
-  fake.Close("blocker");
-  auto blocker = scheduler.Submit(Req(fake, "blocker", "gpu0"));
+  auto blocker = SubmitRunning(scheduler, fake, Req(fake, "blocker", "gpu0"));
   ASSERT_TRUE(blocker.ok());
-  fake.WaitStarted("blocker");
 
   ASSERT_TRUE(scheduler.SubmitPrefetch(Req(fake, "p1", "gpu0", Priority::kPrefetch)).ok());
   ASSERT_TRUE(scheduler.SubmitPrefetch(Req(fake, "p2", "gpu0", Priority::kPrefetch)).ok());
@@ -315,9 +333,7 @@ TEST(SchedulerTest, ScarceThreadsServeInteractiveFirstAcrossQueues) {
   // One compile thread for two queues: the thread takes the most urgent head.
   FakeCompiler fake;
   Scheduler scheduler(OneThread());
-  fake.Close("blocker");
-  ASSERT_TRUE(scheduler.SubmitPrefetch(Req(fake, "blocker", "gpu0")).ok());
-  fake.WaitStarted("blocker");
+  ASSERT_TRUE(PrefetchRunning(scheduler, fake, Req(fake, "blocker", "gpu0")).ok());
   ASSERT_TRUE(scheduler.SubmitPrefetch(Req(fake, "p", "gpu1", Priority::kPrefetch)).ok());
   auto i = scheduler.Submit(Req(fake, "i", "gpu2"));
   ASSERT_TRUE(i.ok());
@@ -331,10 +347,8 @@ TEST(SchedulerTest, DeadlinePassesWhileQueuedWaiterLeavesAndJobIsDropped) {
   FakeClock clock;
   FakeCompiler fake;
   Scheduler scheduler(OneThread(&clock));
-  fake.Close("blocker");
-  auto blocker = scheduler.Submit(Req(fake, "blocker", "gpu0"));
+  auto blocker = SubmitRunning(scheduler, fake, Req(fake, "blocker", "gpu0"));
   ASSERT_TRUE(blocker.ok());
-  fake.WaitStarted("blocker");
 
   auto late = scheduler.Submit(
       Req(fake, "late", "gpu0", Priority::kInteractive, clock.Now() + absl::Seconds(10)));
@@ -364,11 +378,10 @@ TEST(SchedulerTest, StartedJobFinishesAndPublishesAfterItsWaitersLeave) {
   FakeClock clock;
   FakeCompiler fake;
   Scheduler scheduler(OneThread(&clock));
-  fake.Close("slow");
-  auto slow =
-      scheduler.Submit(Req(fake, "slow", "gpu0", Priority::kInteractive, clock.Now() + absl::Seconds(5)));
+  auto slow = SubmitRunning(
+      scheduler, fake,
+      Req(fake, "slow", "gpu0", Priority::kInteractive, clock.Now() + absl::Seconds(5)));
   ASSERT_TRUE(slow.ok());
-  fake.WaitStarted("slow");
   CompileResult result = absl::UnknownError("unset");
   std::thread waiter([&] { result = (*slow)->Wait(); });
   clock.BlockUntilWaiters(1);
@@ -390,9 +403,7 @@ TEST(SchedulerTest, StartedJobFinishesAndPublishesAfterItsWaitersLeave) {
 TEST(SchedulerTest, PrefetchJobIsNotDroppedWhenItsWaitersLeave) {
   FakeCompiler fake;
   Scheduler scheduler(OneThread());
-  fake.Close("blocker");
-  ASSERT_TRUE(scheduler.SubmitPrefetch(Req(fake, "blocker", "gpu0")).ok());
-  fake.WaitStarted("blocker");
+  ASSERT_TRUE(PrefetchRunning(scheduler, fake, Req(fake, "blocker", "gpu0")).ok());
   ASSERT_TRUE(scheduler.SubmitPrefetch(Req(fake, "warm", "gpu0", Priority::kPrefetch)).ok());
   {
     auto joined = scheduler.Submit(Req(fake, "warm", "gpu0"));
@@ -416,9 +427,7 @@ TEST(SchedulerTest, PrefetchJobIsNotDroppedWhenItsWaitersLeave) {
 TEST(SchedulerTest, CancelTokenAbandonsRunAndDropsTheQueuedJob) {
   FakeCompiler fake;
   Scheduler scheduler(OneThread());
-  fake.Close("blocker");
-  ASSERT_TRUE(scheduler.SubmitPrefetch(Req(fake, "blocker", "gpu0")).ok());
-  fake.WaitStarted("blocker");
+  ASSERT_TRUE(PrefetchRunning(scheduler, fake, Req(fake, "blocker", "gpu0")).ok());
 
   CancelToken token;
   Recorder recorder;
@@ -509,9 +518,8 @@ TEST(SchedulerTest, FullQueueRefusesNewJobsButLetsRequestsJoin) {
   Scheduler::Options options = OneThread();
   options.max_queue_depth = 2;
   Scheduler scheduler(options);
-  fake.Close("blocker");
-  ASSERT_TRUE(scheduler.SubmitPrefetch(Req(fake, "blocker", "gpu0")).ok());
-  fake.WaitStarted("blocker");  // running: not counted in the depth
+  // Running: not counted in the depth.
+  ASSERT_TRUE(PrefetchRunning(scheduler, fake, Req(fake, "blocker", "gpu0")).ok());
   ASSERT_TRUE(scheduler.SubmitPrefetch(Req(fake, "a", "gpu0", Priority::kPrefetch)).ok());
   auto b = scheduler.Submit(Req(fake, "b", "gpu0"));
   ASSERT_TRUE(b.ok());
@@ -539,10 +547,8 @@ TEST(SchedulerTest, ShutdownFailsQueuedJobsAndWaitsForRunningOnesUpToGrace) {
   FakeClock clock;
   FakeCompiler fake;
   Scheduler scheduler(OneThread(&clock));
-  fake.Close("running");
-  auto running = scheduler.Submit(Req(fake, "running", "gpu0"));
+  auto running = SubmitRunning(scheduler, fake, Req(fake, "running", "gpu0"));
   ASSERT_TRUE(running.ok());
-  fake.WaitStarted("running");
   Recorder recorder;
   Request q = Req(fake, "queued", "gpu0");
   q.progress = recorder.Fn();
@@ -576,9 +582,7 @@ TEST(SchedulerTest, ShutdownReturnsOkWhenRunningJobsFinishWithinGrace) {
   FakeClock clock;
   FakeCompiler fake;
   Scheduler scheduler(OneThread(&clock));
-  fake.Close("running");
-  ASSERT_TRUE(scheduler.SubmitPrefetch(Req(fake, "running", "gpu0")).ok());
-  fake.WaitStarted("running");
+  ASSERT_TRUE(PrefetchRunning(scheduler, fake, Req(fake, "running", "gpu0")).ok());
   absl::Status shutdown = absl::UnknownError("unset");
   std::thread stopper([&] { shutdown = scheduler.Shutdown(absl::Seconds(5)); });
   clock.BlockUntilWaiters(1);
@@ -592,9 +596,7 @@ TEST(SchedulerTest, ShutdownReturnsOkWhenRunningJobsFinishWithinGrace) {
 TEST(SchedulerTest, ProgressEventsInOrderWithQueuePosition) {
   FakeCompiler fake;
   Scheduler scheduler(OneThread());
-  fake.Close("blocker");
-  ASSERT_TRUE(scheduler.SubmitPrefetch(Req(fake, "blocker", "gpu0")).ok());
-  fake.WaitStarted("blocker");
+  ASSERT_TRUE(PrefetchRunning(scheduler, fake, Req(fake, "blocker", "gpu0")).ok());
 
   Recorder first, second, joiner, failing;
   Request r1 = Req(fake, "k1", "gpu0");
@@ -760,10 +762,8 @@ TEST(SchedulerTest, OnDoneRunsAtOnceWhenTheOutcomeIsKnown) {
 TEST(SchedulerTest, CancelRunsOnDoneWithCancelledAndDropsTheQueuedJob) {
   FakeCompiler fake;
   Scheduler scheduler(OneThread());
-  fake.Close("blocker");
-  auto blocker = scheduler.Submit(Req(fake, "blocker", "gpu0"));
+  auto blocker = SubmitRunning(scheduler, fake, Req(fake, "blocker", "gpu0"));
   ASSERT_TRUE(blocker.ok());
-  fake.WaitStarted("blocker");
   auto t = scheduler.Submit(Req(fake, "queued", "gpu0"));
   ASSERT_TRUE(t.ok());
   Outcomes outcomes;
@@ -784,11 +784,10 @@ TEST(SchedulerTest, OnDoneGetsDeadlineExceededFromTheDeadlineThread) {
   FakeClock clock;
   FakeCompiler fake;
   Scheduler scheduler(OneThread(&clock));
-  fake.Close("slow");
-  auto t = scheduler.Submit(
+  auto t = SubmitRunning(
+      scheduler, fake,
       Req(fake, "slow", "gpu0", Priority::kInteractive, clock.Now() + absl::Seconds(10)));
   ASSERT_TRUE(t.ok());
-  fake.WaitStarted("slow");
   Outcomes outcomes;
   (*t)->OnDone(outcomes.Fn(0));
   clock.BlockUntilWaiters(1);  // the deadline thread waits for the deadline
@@ -807,10 +806,8 @@ TEST(SchedulerTest, OnDoneGetsDeadlineExceededFromTheDeadlineThread) {
 TEST(SchedulerTest, ShutdownAnswersQueuedCallbackWaitersUnavailable) {
   FakeCompiler fake;
   Scheduler scheduler(OneThread());
-  fake.Close("running");
-  auto running = scheduler.Submit(Req(fake, "running", "gpu0"));
+  auto running = SubmitRunning(scheduler, fake, Req(fake, "running", "gpu0"));
   ASSERT_TRUE(running.ok());
-  fake.WaitStarted("running");
   auto queued = scheduler.Submit(Req(fake, "queued", "gpu0"));
   ASSERT_TRUE(queued.ok());
   Outcomes outcomes;
