@@ -4,30 +4,21 @@
 // (compiler/cubin_elf.h) lists with the registers ptxas reported.
 #include "compiler/raw_compile.h"
 
-#include <fstream>
-#include <sstream>
-
 #include "compiler/cubin_elf.h"
 #include "compiler/llvm_nvptx.h"
 #include "compiler/nvjitlink.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/cache/test_util.h"
+#include "tests/common/raw_fixtures.h"
 
 namespace kcache {
 namespace {
 
+using ::kcache::testing::RawFixture;
 using ::kcache::testing::StatusIs;
 using ::testing::HasSubstr;
 using ::testing::Not;
-
-std::string Fixture(const std::string& name) {
-  std::ifstream in(std::string(KCACHE_RAW_FIXTURES) + "/" + name, std::ios::binary);
-  EXPECT_TRUE(in) << name;
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 class RawCompileTest : public ::testing::TestWithParam<std::string> {
  protected:
@@ -41,7 +32,7 @@ class RawCompileTest : public ::testing::TestWithParam<std::string> {
 };
 
 RawSource Source(RawFormat format, const std::string& file, std::vector<std::string> names) {
-  return RawSource{format, Fixture(file), std::move(names)};
+  return RawSource{format, RawFixture(file), std::move(names)};
 }
 
 void ExpectKernels(const CompileOutput& out, const std::string& arch,
@@ -122,7 +113,7 @@ TEST(RawCompile, VerifierRejectsMalformedIr) {
   NvJitLink linker;
   RawCompileOptions o{&linker, &LlvmIrToPtx, false};
   auto out = CompileRaw(
-      RawSource{RawFormat::kLlvmIr, Fixture("malformed_verifier.ll"), {"kc_bad"}}, "sm_80", o);
+      RawSource{RawFormat::kLlvmIr, RawFixture("malformed_verifier.ll"), {"kc_bad"}}, "sm_80", o);
   EXPECT_THAT(out.status(), StatusIs(absl::StatusCode::kInvalidArgument));
   EXPECT_THAT(out.status().message(), HasSubstr("verifier"));
   EXPECT_THAT(out.status().message(), HasSubstr("does not dominate all uses"));
@@ -132,7 +123,7 @@ TEST(RawCompile, DebugInfoKeepsLineTablesButNotTheDebugTarget) {
   IrToPtxOptions o;
   o.arch = "sm_80";
   o.kernel_names = {"kc_vadd_debug"};
-  auto ptx = LlvmIrToPtx(Fixture("vadd_debug.ll"), o);
+  auto ptx = LlvmIrToPtx(RawFixture("vadd_debug.ll"), o);
   ASSERT_TRUE(ptx.ok()) << ptx.status();
   EXPECT_THAT(*ptx, HasSubstr("\n.target sm_80\n"));
   EXPECT_THAT(*ptx, Not(HasSubstr(", debug")));

@@ -6,18 +6,20 @@
 // kernels disabled, malformed IR with the verifier's message). Loading needs
 // a GPU: here LoadRaw must fail cleanly before any RPC.
 #include <fstream>
-#include <sstream>
 
 #include "client/client.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/cache/test_util.h"
 #include "tests/common/daemon_process.h"
+#include "tests/common/raw_fixtures.h"
 
 namespace kcache {
 namespace {
 
 using ::kcache::testing::DaemonProcess;
+using ::kcache::testing::RawFixture;
+using ::kcache::testing::RawKernelFlags;
 using ::kcache::testing::ReadFileOrEmpty;
 using ::kcache::testing::StatusIs;
 using ::kcache::testing::TempDir;
@@ -25,19 +27,11 @@ using ::testing::HasSubstr;
 
 constexpr char kToken[] = "raw-client-token";
 
-std::string Fixture(const std::string& name) {
-  std::ifstream in(std::string(KCACHE_RAW_FIXTURES) + "/" + name, std::ios::binary);
-  EXPECT_TRUE(in) << name;
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
 v1::RawKernel Raw(v1::RawKernel::Format format, const std::string& file,
                   std::vector<std::string> names) {
   v1::RawKernel r;
   r.set_format(format);
-  r.set_source(Fixture(file));
+  r.set_source(RawFixture(file));
   for (const std::string& n : names) r.add_kernel_names(n);
   return r;
 }
@@ -50,10 +44,7 @@ v1::Target Arch(const std::string& arch) {
 
 // A daemon with raw kernels on; the token file is `dir`/admin.token.
 std::unique_ptr<DaemonProcess> RawDaemon(const TempDir& dir) {
-  std::ofstream(dir.path() + "/admin.token") << kToken << "\n";
-  return std::make_unique<DaemonProcess>(
-      dir.path(), std::vector<std::string>{"--enable_raw_kernels=true",
-                                           "--admin_token_path=" + dir.path() + "/admin.token"});
+  return std::make_unique<DaemonProcess>(dir.path(), RawKernelFlags(dir.path(), kToken));
 }
 
 std::unique_ptr<Client> NewClient(const DaemonProcess& d, const std::string& token = kToken,

@@ -7,7 +7,6 @@
 #include <grpcpp/grpcpp.h>
 #include <stdlib.h>
 
-#include <fstream>
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
@@ -17,31 +16,26 @@
 #include "kcache/v1/service.grpc.pb.h"
 #include "tests/cache/test_util.h"
 #include "tests/common/daemon_process.h"
+#include "tests/common/raw_fixtures.h"
 #include "tools/kcache/cli.h"
 
 namespace kcache {
 namespace {
 
 using ::kcache::testing::DaemonProcess;
+using ::kcache::testing::RawFixture;
+using ::kcache::testing::RawKernelFlags;
 using ::kcache::testing::ReadFileOrEmpty;
 using ::kcache::testing::TempDir;
 using ::testing::HasSubstr;
 
 constexpr char kToken[] = "raw-e2e-token";
 
-std::string Fixture(const std::string& name) {
-  std::ifstream in(std::string(KCACHE_RAW_FIXTURES) + "/" + name, std::ios::binary);
-  EXPECT_TRUE(in) << name;
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
 v1::GetKernelRequest RawRequest(v1::RawKernel::Format format, const std::string& file,
                                 std::vector<std::string> names, const std::string& arch) {
   v1::GetKernelRequest r;
   r.mutable_raw()->set_format(format);
-  r.mutable_raw()->set_source(Fixture(file));
+  r.mutable_raw()->set_source(RawFixture(file));
   for (const std::string& n : names) r.mutable_raw()->add_kernel_names(n);
   r.mutable_target()->set_arch(arch);
   return r;
@@ -49,9 +43,7 @@ v1::GetKernelRequest RawRequest(v1::RawKernel::Format format, const std::string&
 
 // Starts a daemon with raw kernels on (token file in `dir`), plus `extra`.
 std::unique_ptr<DaemonProcess> RawDaemon(const TempDir& dir, std::vector<std::string> extra = {}) {
-  const std::string token_path = dir.path() + "/admin.token";
-  std::ofstream(token_path) << kToken << "\n";
-  std::vector<std::string> args = {"--enable_raw_kernels=true", "--admin_token_path=" + token_path};
+  std::vector<std::string> args = RawKernelFlags(dir.path(), kToken);
   args.insert(args.end(), extra.begin(), extra.end());
   return std::make_unique<DaemonProcess>(dir.path(), args);
 }
@@ -111,7 +103,7 @@ TEST(RawE2E, FixturesCompileForSm80AndSm90aThenHit) {
       EXPECT_THAT(rec.toolchain().version(), HasSubstr("llvm 19."));
       EXPECT_THAT(rec.toolchain().version(), HasSubstr("nvjitlink 13."));
       EXPECT_EQ(rec.raw().format(), c.format);
-      EXPECT_EQ(rec.raw().source_size(), Fixture(c.file).size());
+      EXPECT_EQ(rec.raw().source_size(), RawFixture(c.file).size());
       ASSERT_EQ(rec.entry_points_size(), static_cast<int>(c.names.size()));
       for (size_t i = 0; i < c.names.size(); ++i) {
         EXPECT_EQ(rec.entry_points(static_cast<int>(i)).name(), c.names[i]);
