@@ -9,6 +9,7 @@ the kernel (Client.load: memo per key and CUDA context), fills the ctypes
 AttentionParams and launches on torch.cuda.current_stream().
 """
 
+import contextlib
 import math
 
 from kcache.params import MAX_EXPR_BUFFERS, AttentionParams
@@ -234,7 +235,7 @@ def attention_forward(q, k, v, spec=None, *, lse=False, layout="bhsd", out=None,
     [B, Hq, Lq], natural log; -inf on rows that see no key)."""
     import torch
     from kcache import cuda
-    from kcache.client import arch_for_capability, default_client
+    from kcache.client import default_client
     if layout not in ("bhsd", "bshd"):
         raise ValueError("attention_forward: layout: %r is not 'bhsd' or 'bshd'" % (layout,))
     if layout == "bshd":
@@ -268,36 +269,28 @@ def attention_forward(q, k, v, spec=None, *, lse=False, layout="bhsd", out=None,
         return result()
 
     client = client or default_client()
-    with torch.cuda.device(dev):
-        arch = arch_for_capability(*torch.cuda.get_device_capability(dev))
-        stream = torch.cuda.current_stream(dev).cuda_stream
-        with cuda.device_context(dev.index if dev.index is not None
-                                 else torch.cuda.current_device()) as ctx:
-            kern = client.load(s, arch, ctx, timeout=timeout)
-            fwd_entry, fwd = kern.entry(cuda.ENTRY_ROLE_FORWARD)
-            if fwd is None:
-                raise RuntimeError("kcache: record %s has no forward entry point"
-                                   % kern.record.key.hex()[:16])
-            spec_n = kern.record.spec  # normalized: buffers in launch order (by name)
-            p = AttentionParams()
-            _fill_qkvo(p, q, k, v, out, lse_t)
-            hold = _fill_mask_inputs(torch, p, spec_n, plan, q_seq_id, kv_seq_id, anchors, keep,
-                                     alibi_slopes, buffers)
-            grid = (-(-Lq // fwd_entry.block_m), Hq, B)
-            if _mask_kind(spec_n) == "expr":
-                mb_entry, mb = kern.entry(cuda.ENTRY_ROLE_MASK_BUILD)
-                if mb is None:
-                    raise RuntimeError("kcache: record %s has an expression mask but no mask-build "
-                                       "entry point" % kern.record.key.hex()[:16])
-                mt, nt = -(-Lq // mb_entry.block_m), -(-Lkv // mb_entry.block_n)
-                tc = torch.empty(B, Hq, mt, nt, dtype=torch.int8, device=dev)
-                hold.append(tc)
-                p.tile_class = tc.data_ptr()
-                p.tile_class_stride_b, p.tile_class_stride_h, p.tile_class_stride_m = \
-                    tc.stride()[:3]
-                cuda.launch(mb, (mt, Hq, B), mb_entry.threads, mb_entry.dynamic_smem_bytes,
-                            stream, p)
-            cuda.launch(fwd, grid, fwd_entry.threads, fwd_entry.dynamic_smem_bytes, stream, p)
+    with _launch_context(torch, dev) as (arch, stream, ctx):
+        kern = client.load(s, arch, ctx, timeout=timeout)
+        fwd_entry, fwd = kern.entry(cuda.ENTRY_ROLE_FORWARD)
+        if fwd is None:
+            raise RuntimeError("kcache: record %s has no forward entry point"
+                               % kern.record.key.hex()[:16])
+        spec_n = kern.record.spec  # normalized: buffers in launch order (by name)
+        p = AttentionParams()
+        _fill_qkvo(p, q, k, v, out, lse_t)
+        hold = _fill_mask_inputs(torch, p, spec_n, plan, q_seq_id, kv_seq_id, anchors, keep,
+                                 alibi_slopes, buffers)
+        grid = (-(-Lq // fwd_entry.block_m), Hq, B)
+        if _mask_kind(spec_n) == "expr":
+            mb_entry, mb = kern.entry(cuda.ENTRY_ROLE_MASK_BUILD)
+            if mb is None:
+                raise RuntimeError("kcache: record %s has an expression mask but no mask-build "
+                                   "entry point" % kern.record.key.hex()[:16])
+            mt, nt = -(-Lq // mb_entry.block_m), -(-Lkv // mb_entry.block_n)
+            _tile_classes(torch, p, hold, (B, Hq, mt, nt), dev)
+            cuda.launch(mb, (mt, Hq, B), mb_entry.threads, mb_entry.dynamic_smem_bytes,
+                        stream, p)
+        cuda.launch(fwd, grid, fwd_entry.threads, fwd_entry.dynamic_smem_bytes, stream, p)
     # Temporaries in `hold` were allocated on this stream: the caching allocator reuses
     # them only for work ordered after these launches.
     del hold
@@ -317,6 +310,30 @@ def normalize_drafter_inputs(torch, anchors, keep):
         n = min(anchors.shape[1], keep.shape[1])  # one batch stride for both: repack
         anchors, keep = anchors[:, :n].contiguous(), keep[:, :n].contiguous()
     return anchors, keep
+
+
+@contextlib.contextmanager
+def _launch_context(torch, dev):
+    """torch's device `dev` made current and its CUDA context entered, to load and launch
+    kernels there; yields (arch, stream, ctx): the device's arch, torch's current stream on
+    it and the context."""
+    from kcache import cuda
+    from kcache.client import arch_for_capability
+    with torch.cuda.device(dev):
+        arch = arch_for_capability(*torch.cuda.get_device_capability(dev))
+        stream = torch.cuda.current_stream(dev).cuda_stream
+        with cuda.device_context(dev.index if dev.index is not None
+                                 else torch.cuda.current_device()) as ctx:
+            yield arch, stream, ctx
+
+
+def _tile_classes(torch, p, hold, shape, dev):
+    """The mask-build kernel's tile classes: an int8 tensor of `shape` [B, H, M tiles,
+    N tiles] on `dev`, kept alive in `hold` and set in the params `p`."""
+    tc = torch.empty(*shape, dtype=torch.int8, device=dev)
+    hold.append(tc)
+    p.tile_class = tc.data_ptr()
+    p.tile_class_stride_b, p.tile_class_stride_h, p.tile_class_stride_m = tc.stride()[:3]
 
 
 def _fill_qkvo(p, q, k, v, o, lse):

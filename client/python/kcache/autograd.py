@@ -15,8 +15,8 @@ deterministic). backward_launches() is the pure part (no torch, no GPU), for tes
 
 from kcache import cuda
 from kcache.attention import (
-    _fill_mask_inputs, _fill_qkvo, _mask_kind, attention_forward, normalize_drafter_inputs,
-    resolve_spec, validate_inputs)
+    _fill_mask_inputs, _fill_qkvo, _launch_context, _mask_kind, _tile_classes, attention_forward,
+    normalize_drafter_inputs, resolve_spec, validate_inputs)
 from kcache.params import AttentionParams
 
 _AUX_ROWS = 64  # rows per CTA of preprocess / postprocess when the record gives no block_m
@@ -126,7 +126,7 @@ def attention_backward(spec, q, k, v, o, lse, dout, *, q_seq_id=None, kv_seq_id=
     the forward's O and LSE of the same spec (backward on). Launches on torch's current
     stream; returns (dq, dk, dv, buffer_grads)."""
     import torch
-    from kcache.client import arch_for_capability, default_client
+    from kcache.client import default_client
     plan = validate_inputs(spec, q, k, v, out=o, q_seq_id=q_seq_id, kv_seq_id=kv_seq_id,
                            anchors=anchors, keep=keep, alibi_slopes=alibi_slopes,
                            buffers=buffers)
@@ -148,53 +148,44 @@ def attention_backward(spec, q, k, v, o, lse, dout, *, q_seq_id=None, kv_seq_id=
         return dq, dk, dv, bgrads
     dev = q.device
     client = client or default_client()
-    with torch.cuda.device(dev):
-        arch = arch_for_capability(*torch.cuda.get_device_capability(dev))
-        stream = torch.cuda.current_stream(dev).cuda_stream
-        with cuda.device_context(dev.index if dev.index is not None
-                                 else torch.cuda.current_device()) as ctx:
-            try:
-                kern = client.load(spec, arch, ctx, timeout=timeout)
-            except Exception as e:
-                hint = _unimplemented_hint(e)
-                if hint is not None:
-                    raise hint from e
-                raise
-            rec = kern.record
-            launches = backward_launches(rec, plan)
-            spec_n = rec.spec
-            p = AttentionParams()
-            _fill_qkvo(p, q, k, v, o, lse)
-            hold = _fill_mask_inputs(torch, p, spec_n, plan, q_seq_id, kv_seq_id, anchors, keep,
-                                     alibi_slopes, buffers)
-            p.dout, p.dq, p.dk, p.dv = (dout.data_ptr(), dq.data_ptr(), dk.data_ptr(),
-                                        dv.data_ptr())
-            p.do_stride_b, p.do_stride_h, p.do_stride_s = dout.stride()[:3]
-            p.dq_stride_b, p.dq_stride_h, p.dq_stride_s = dq.stride()[:3]
-            p.dk_stride_b, p.dk_stride_h, p.dk_stride_s = dk.stride()[:3]
-            p.dv_stride_b, p.dv_stride_h, p.dv_stride_s = dv.stride()[:3]
-            delta = torch.empty(B, Hq, Lq, dtype=torch.float32, device=dev)
-            hold.append(delta)
-            p.delta = delta.data_ptr()
-            if not rec.deterministic_backward:
-                acc = torch.empty(B, Hq, Lq, plan.head_dim_qk, dtype=torch.float32, device=dev)
-                hold.append(acc)
-                p.dq_accum = acc.data_ptr()
-            for i, d in enumerate(spec_n.buffers):  # launch order: the normalized spec's
-                if d.trainable and d.name in bgrads:
-                    p.buffer_grads[i] = bgrads[d.name].data_ptr()
-            for role, e, grid in launches:
-                if role == cuda.ENTRY_ROLE_BACKWARD_MASK_BUILD:
-                    tc = torch.empty(B, Hq, grid[0], _cdiv(Lkv, e.block_n), dtype=torch.int8,
-                                     device=dev)
-                    hold.append(tc)
-                    p.tile_class = tc.data_ptr()
-                    p.tile_class_stride_b, p.tile_class_stride_h, p.tile_class_stride_m = \
-                        tc.stride()[:3]
-                fn = kern.functions.get(e.name)
-                if fn is None:
-                    raise RuntimeError("kcache: entry point %s not loaded" % e.name)
-                cuda.launch(fn, grid, e.threads, e.dynamic_smem_bytes, stream, p)
+    with _launch_context(torch, dev) as (arch, stream, ctx):
+        try:
+            kern = client.load(spec, arch, ctx, timeout=timeout)
+        except Exception as e:
+            hint = _unimplemented_hint(e)
+            if hint is not None:
+                raise hint from e
+            raise
+        rec = kern.record
+        launches = backward_launches(rec, plan)
+        spec_n = rec.spec
+        p = AttentionParams()
+        _fill_qkvo(p, q, k, v, o, lse)
+        hold = _fill_mask_inputs(torch, p, spec_n, plan, q_seq_id, kv_seq_id, anchors, keep,
+                                 alibi_slopes, buffers)
+        p.dout, p.dq, p.dk, p.dv = (dout.data_ptr(), dq.data_ptr(), dk.data_ptr(),
+                                    dv.data_ptr())
+        p.do_stride_b, p.do_stride_h, p.do_stride_s = dout.stride()[:3]
+        p.dq_stride_b, p.dq_stride_h, p.dq_stride_s = dq.stride()[:3]
+        p.dk_stride_b, p.dk_stride_h, p.dk_stride_s = dk.stride()[:3]
+        p.dv_stride_b, p.dv_stride_h, p.dv_stride_s = dv.stride()[:3]
+        delta = torch.empty(B, Hq, Lq, dtype=torch.float32, device=dev)
+        hold.append(delta)
+        p.delta = delta.data_ptr()
+        if not rec.deterministic_backward:
+            acc = torch.empty(B, Hq, Lq, plan.head_dim_qk, dtype=torch.float32, device=dev)
+            hold.append(acc)
+            p.dq_accum = acc.data_ptr()
+        for i, d in enumerate(spec_n.buffers):  # launch order: the normalized spec's
+            if d.trainable and d.name in bgrads:
+                p.buffer_grads[i] = bgrads[d.name].data_ptr()
+        for role, e, grid in launches:
+            if role == cuda.ENTRY_ROLE_BACKWARD_MASK_BUILD:
+                _tile_classes(torch, p, hold, (B, Hq, grid[0], _cdiv(Lkv, e.block_n)), dev)
+            fn = kern.functions.get(e.name)
+            if fn is None:
+                raise RuntimeError("kcache: entry point %s not loaded" % e.name)
+            cuda.launch(fn, grid, e.threads, e.dynamic_smem_bytes, stream, p)
     del hold  # allocated on this stream: reused only by work ordered after these launches
     return dq, dk, dv, bgrads
 
