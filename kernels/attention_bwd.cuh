@@ -378,6 +378,15 @@ constexpr int kDsBufs = AttentionBwdDsBuffers(KC_ARCH);
 #define KC_BWD_FA2 0
 #endif
 constexpr bool kFa2 = KC_BWD_FA2;
+// Experimental on top of kFa2 (next GPU session): S and dP in one k loop
+// (KC_BWD_FA2_FUSE_SDP, equal head dims), and dV and dK in one k loop after
+// dQ (KC_BWD_FA2_FUSE_KV): two independent MMA chains per loaded step.
+#ifndef KC_BWD_FA2_FUSE_SDP
+#define KC_BWD_FA2_FUSE_SDP 0
+#endif
+#ifndef KC_BWD_FA2_FUSE_KV
+#define KC_BWD_FA2_FUSE_KV 0
+#endif
 static_assert(!kFa2 || (kDsBufs == 2 && kNW == 8 && kBN == 128), "KC_BWD_FA2: sm_90+, 64 x 128 x 8w");
 constexpr bool kDqLag = kDsBufs == 2 && !kFa2;
 #ifndef KC_BWD_HEAD_CHUNK
@@ -493,6 +502,46 @@ __device__ __forceinline__ void gemm_abt_mn(float (&acc)[MT][NT][4], unsigned a_
   }
 }
 
+// Two independent gemm_abt_mn (acc1 = A1 B1^T, acc2 = A2 B2^T, same D) in one k
+// loop, so that each loaded step feeds two MMA chains.
+template <int D, int MT, int NT>
+__device__ __forceinline__ void gemm_abt2_mn(float (&acc1)[MT][NT][4], unsigned a1_row,
+                                             unsigned b1_tile, float (&acc2)[MT][NT][4],
+                                             unsigned a2_row, unsigned b2_tile, const Lane& ln) {
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc1[mt][nt][i] = acc2[mt][nt][i] = 0.f;
+    }
+  }
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    unsigned a1[MT][4], a2[MT][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+      ldsm_x4(a1_row + mt * 16 * (D * 2) + ((kk * 32) ^ ln.akey), a1[mt][0], a1[mt][1], a1[mt][2],
+              a1[mt][3]);
+      ldsm_x4(a2_row + mt * 16 * (D * 2) + ((kk * 32) ^ ln.akey), a2[mt][0], a2[mt][1], a2[mt][2],
+              a2[mt][3]);
+    }
+#pragma unroll
+    for (int np = 0; np < NT / 2; ++np) {
+      unsigned b0, b1, b2, b3, c0, c1, c2, c3;
+      ldsm_x4(b1_tile + (np * 16 + ln.brow) * (D * 2) + ((kk * 32) ^ ln.bkey), b0, b1, b2, b3);
+      ldsm_x4(b2_tile + (np * 16 + ln.brow) * (D * 2) + ((kk * 32) ^ ln.bkey), c0, c1, c2, c3);
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        mma16816(acc1[mt][2 * np], a1[mt], b0, b1);
+        mma16816(acc2[mt][2 * np], a2[mt], c0, c1);
+        mma16816(acc1[mt][2 * np + 1], a1[mt], b2, b3);
+        mma16816(acc2[mt][2 * np + 1], a2[mt], c2, c3);
+      }
+    }
+  }
+}
+
 // One warp's 16 rows of A against the kBM (kNT n8 tiles) rows of B.
 template <int D>
 __device__ __forceinline__ void gemm_abt(float (&acc)[kNT][4], unsigned a_row, unsigned b_tile,
@@ -544,6 +593,28 @@ __device__ __forceinline__ void gemm_tn_keys(float (&acc)[2][N][4], unsigned x_t
                 a[mt][1], a[mt][2], a[mt][3]);
     }
     gemm_step_ab_mn<D>(acc, a, b_tile, kk, dp0, ln);
+  }
+}
+
+// Two gemm_tn_keys (acc1 += X1^T B1, acc2 += X2^T B2) in one loop over the
+// queries.
+template <int D1, int D2, int N1, int N2>
+__device__ __forceinline__ void gemm_tn_keys2(float (&acc1)[2][N1][4], unsigned x1_tile,
+                                              unsigned b1_tile, int dp1, float (&acc2)[2][N2][4],
+                                              unsigned x2_tile, unsigned b2_tile, int dp2, int wk,
+                                              const Lane& ln, int lane) {
+#pragma unroll
+  for (int kk = 0; kk < kBM / 16; ++kk) {
+    unsigned a1[2][4], a2[2][4];
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt) {
+      const int chunk = wk * 4 + 2 * mt + ((lane >> 3) & 1);
+      const unsigned off = (kk * 16 + ln.brow) * (kBN * 2) + ((chunk ^ (lane & 7)) << 4);
+      ldsm_x4_t(x1_tile + off, a1[mt][0], a1[mt][1], a1[mt][2], a1[mt][3]);
+      ldsm_x4_t(x2_tile + off, a2[mt][0], a2[mt][1], a2[mt][2], a2[mt][3]);
+    }
+    gemm_step_ab_mn<D1>(acc1, a1, b1_tile, kk, dp1, ln);
+    gemm_step_ab_mn<D2>(acc2, a2, b2_tile, kk, dp2, ln);
   }
 }
 
@@ -971,10 +1042,15 @@ extern "C" __global__ void __launch_bounds__(KC_BWD_NUM_WARPS * 32, 256 / (KC_BW
       // queries 32 wm + [0, 32) x keys 32 wn + [0, 32).
       const int wm = warp & 1, wn = warp >> 1;
       float s[2][4][4], dp[2][4][4];
-      gemm_abt_mn<kDQK, 2, 4>(s, q_s + (wm * 32 + (lane & 15)) * (kDQK * 2), sK + wn * 32 * (kDQK * 2),
-                          ln);
-      gemm_abt_mn<kDV, 2, 4>(dp, o_s + (wm * 32 + (lane & 15)) * (kDV * 2), sV + wn * 32 * (kDV * 2),
-                         ln);
+      const unsigned q_a = q_s + (wm * 32 + (lane & 15)) * (kDQK * 2);
+      const unsigned o_a = o_s + (wm * 32 + (lane & 15)) * (kDV * 2);
+      if constexpr (KC_BWD_FA2_FUSE_SDP && kDQK == kDV) {
+        gemm_abt2_mn<kDQK, 2, 4>(s, q_a, sK + wn * 32 * (kDQK * 2), dp, o_a,
+                                 sV + wn * 32 * (kDV * 2), ln);
+      } else {
+        gemm_abt_mn<kDQK, 2, 4>(s, q_a, sK + wn * 32 * (kDQK * 2), ln);
+        gemm_abt_mn<kDV, 2, 4>(dp, o_a, sV + wn * 32 * (kDV * 2), ln);
+      }
       ScoreCtx sc{0.f};
 #if KC_SCORE_MOD == KC_SCORE_ALIBI
       sc.alibi_slope = p.alibi_slopes[hq];
@@ -1015,11 +1091,19 @@ extern "C" __global__ void __launch_bounds__(KC_BWD_NUM_WARPS * 32, 256 / (KC_BW
       // 32 wk + [0, 32) x columns wd D / 2 + [0, D / 2). A (P^T, dS^T) is read
       // transposed from the [query][key] tiles.
       const int wk = warp >> 1, wd = warp & 1;
-      gemm_tn_keys<kDV>(dv2, sP, o_s, wk, wd * (kDV / 32), ln, lane);
+      if constexpr (KC_BWD_FA2_FUSE_KV) {
 #if !KC_DETERMINISTIC
-      dq_step(hq, m0, sDs);
+        dq_step(hq, m0, sDs);
 #endif
-      gemm_tn_keys<kDQK>(dk2, sDs, q_s, wk, wd * (kDQK / 32), ln, lane);
+        gemm_tn_keys2<kDV, kDQK>(dv2, sP, o_s, wd * (kDV / 32), dk2, sDs, q_s, wd * (kDQK / 32),
+                                 wk, ln, lane);
+      } else {
+        gemm_tn_keys<kDV>(dv2, sP, o_s, wk, wd * (kDV / 32), ln, lane);
+#if !KC_DETERMINISTIC
+        dq_step(hq, m0, sDs);
+#endif
+        gemm_tn_keys<kDQK>(dk2, sDs, q_s, wk, wd * (kDQK / 32), ln, lane);
+      }
     } else {
       // S^T = K Q^T and dP^T = V dO^T: 16 keys x 64 queries per warp.
       float s[kNT][4], dp[kNT][4];
