@@ -143,6 +143,12 @@ class Fixture {
   KernelServiceImpl& service() { return *service_; }
   ServingState& state() { return state_; }
   v1::KernelService::Stub& stub() { return *stub_; }
+  // Compiles dropped from the queues because nobody waited for them any more.
+  uint64_t DroppedCompiles() {
+    uint64_t dropped = 0;
+    for (const QueueStats& q : scheduler_->Stats()) dropped += q.dropped;
+    return dropped;
+  }
 
  private:
   TempDir dir_;
@@ -174,6 +180,15 @@ struct Call {
     });
   }
 };
+
+// Starts `call` (a Call or a StreamCall) on head dim 128, whose compile then
+// holds the fixture's one compile thread, and waits until that compile runs.
+template <typename C>
+void StartRunningCompile(Fixture& f, C& call) {
+  call.req = Request(128);
+  call.Start(f.stub());
+  f.compiler().AwaitCompiles(1);
+}
 
 TEST(WaitingCallTest, ManyCallsForOneUncompiledKeyShareOneCompileWithoutAThreadEach) {
   constexpr int kCalls = 500;
@@ -220,9 +235,7 @@ TEST(WaitingCallTest, CancelledCallIsAnsweredCancelledAndLeavesItsWait) {
   Fixture f;
   // A running compile of another key keeps the one asked for below queued.
   Call blocker;
-  blocker.req = Request(128);
-  blocker.Start(f.stub());
-  f.compiler().AwaitCompiles(1);
+  StartRunningCompile(f, blocker);
 
   Call call;
   call.req = Request(64);
@@ -234,9 +247,7 @@ TEST(WaitingCallTest, CancelledCallIsAnsweredCancelledAndLeavesItsWait) {
   // The server saw it (OnCancel) and let go of the wait: the queued compile,
   // which nobody waits for any more, is dropped.
   f.service().AwaitWaitingCalls(1);
-  uint64_t dropped = 0;
-  for (const QueueStats& q : f.scheduler().Stats()) dropped += q.dropped;
-  EXPECT_EQ(dropped, 1u);
+  EXPECT_EQ(f.DroppedCompiles(), 1u);
 
   f.compiler().Release();
   blocker.done.WaitForNotification();
@@ -248,9 +259,7 @@ TEST(WaitingCallTest, CancelledCallIsAnsweredCancelledAndLeavesItsWait) {
 TEST(WaitingCallTest, AbandonWaitsAnswersWaitingCallsUnavailableWithTheRetryHint) {
   Fixture f;
   Call running;
-  running.req = Request(128);
-  running.Start(f.stub());
-  f.compiler().AwaitCompiles(1);
+  StartRunningCompile(f, running);
   f.service().AwaitWaitingCalls(1);
 
   f.state().shutting_down.store(true);
@@ -266,9 +275,7 @@ TEST(WaitingCallTest, AbandonWaitsAnswersWaitingCallsUnavailableWithTheRetryHint
 TEST(WaitingCallTest, QueuedCallsAreAnsweredUnavailableWhenTheSchedulerShutsDown) {
   Fixture f;
   Call running;
-  running.req = Request(128);
-  running.Start(f.stub());
-  f.compiler().AwaitCompiles(1);
+  StartRunningCompile(f, running);
   Call queued;
   queued.req = Request(64);
   queued.Start(f.stub());
@@ -405,9 +412,7 @@ TEST(WaitingStreamTest, ManyStreamsForOneUncompiledKeyShareOneCompileWithoutAThr
 TEST(WaitingStreamTest, QueuedStreamReportsItsPositionThenCompilingThenTheResult) {
   Fixture f;
   StreamCall blocker;
-  blocker.req = Request(128);
-  blocker.Start(f.stub());
-  f.compiler().AwaitCompiles(1);
+  StartRunningCompile(f, blocker);
   StreamCall queued;
   queued.req = Request(64);
   queued.Start(f.stub());
@@ -434,9 +439,7 @@ TEST(WaitingStreamTest, CancelledStreamIsAnsweredCancelledAndLeavesItsWait) {
   Fixture f;
   // A running compile of another key keeps the one asked for below queued.
   Call blocker;
-  blocker.req = Request(128);
-  blocker.Start(f.stub());
-  f.compiler().AwaitCompiles(1);
+  StartRunningCompile(f, blocker);
 
   StreamCall call;
   call.req = Request(64);
@@ -449,9 +452,7 @@ TEST(WaitingStreamTest, CancelledStreamIsAnsweredCancelledAndLeavesItsWait) {
   // The server saw it (OnCancel) and let go of the wait: the queued compile,
   // which nobody waits for any more, is dropped.
   f.service().AwaitWaitingCalls(1);
-  uint64_t dropped = 0;
-  for (const QueueStats& q : f.scheduler().Stats()) dropped += q.dropped;
-  EXPECT_EQ(dropped, 1u);
+  EXPECT_EQ(f.DroppedCompiles(), 1u);
 
   f.compiler().Release();
   blocker.done.WaitForNotification();
@@ -463,9 +464,7 @@ TEST(WaitingStreamTest, CancelledStreamIsAnsweredCancelledAndLeavesItsWait) {
 TEST(WaitingStreamTest, AbandonWaitsAnswersWaitingStreamsUnavailableWithTheRetryHint) {
   Fixture f;
   StreamCall running;
-  running.req = Request(128);
-  running.Start(f.stub());
-  f.compiler().AwaitCompiles(1);
+  StartRunningCompile(f, running);
   StreamCall queued;
   queued.req = Request(64);
   queued.Start(f.stub());
@@ -498,9 +497,7 @@ TEST(WaitingStreamTest, AbandonWaitsAnswersWaitingStreamsUnavailableWithTheRetry
 TEST(WaitingStreamTest, QueuedStreamsAreAnsweredUnavailableWhenTheSchedulerShutsDown) {
   Fixture f;
   StreamCall running;
-  running.req = Request(128);
-  running.Start(f.stub());
-  f.compiler().AwaitCompiles(1);
+  StartRunningCompile(f, running);
   StreamCall queued;
   queued.req = Request(64);
   queued.Start(f.stub());
