@@ -13,18 +13,16 @@
 // Kernels, in launch order:
 //   kcache_attn_bwd_preprocess  delta per row; zeroes dq_accum (atomic mode).
 //   kcache_attn_bwd_dkdv        one CTA per (key tile of 128, kv head,
-//                               batch); warp w owns 16 keys and keeps their
-//                               dK and dV in registers while the CTA walks
-//                               every (query head of the GQA group, query
-//                               step of 64) that sees the key tile, so GQA
-//                               sums need no atomics. Unless deterministic,
-//                               dQ partials go to dq_accum with fp32
-//                               reductions (dS^T staged in shared memory,
-//                               each warp adding a 32 x 32 block; vector
-//                               reductions on sm_90, where a step's dQ runs
-//                               at the start of the next). KC_BWD_FA2=1
-//                               (experimental) lays the warps out as
-//                               FlashAttention-2 does instead.
+//                               batch), keeping the tile's dK and dV in
+//                               registers while it walks every (query head
+//                               of the GQA group, query step of 64) that
+//                               sees the key tile, so GQA sums need no
+//                               atomics. Unless deterministic, dQ partials
+//                               go to dq_accum with fp32 reductions (dS
+//                               staged in shared memory, each warp adding a
+//                               32 x 32 block; vector reductions on sm_90).
+//                               Warp layout: FlashAttention-2's on sm_90
+//                               (kFa2), 16 keys per warp on sm_80.
 //   kcache_attn_bwd_dq          deterministic mode: one CTA per (128 query
 //                               rows, query head, batch) recomputes P and
 //                               dP over its visible key steps and writes dQ
@@ -113,6 +111,13 @@ __device__ __forceinline__ float to_float(elem_t x) {
 __device__ __forceinline__ void cp_async4(unsigned dst, const void* src, bool pred) {
   const int n = pred ? 4 : 0;
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(n)
+               : "memory");
+}
+
+// dst[0..3] += v, as one vector reduction in L2 (sm_90+).
+__device__ __forceinline__ void red_add_v4(float* dst, const float (&v)[4]) {
+  asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(dst), "f"(v[0]),
+               "f"(v[1]), "f"(v[2]), "f"(v[3])
                : "memory");
 }
 
@@ -369,24 +374,19 @@ __device__ __forceinline__ float score_mod(float x, const ScoreCtx& sc, int b, i
 // reductions drain while the next S and dP run (causal B4 H32 S4096 D128
 // dK/dV 6.70 -> 6.56 ms, drafter training shape 9.92 -> 9.45 ms on an H200).
 constexpr int kDsBufs = AttentionBwdDsBuffers(KC_ARCH);
-// Experimental (KC_BWD_FA2=1, sm_90+): FlashAttention-2's warp layout. S and
+// sm_90+ (KC_BWD_FA2, default there): FlashAttention-2's warp layout. S and
 // dP as 2 x 4 warps of 32 queries x 32 keys, P and dS through shared memory
 // ([query][key], the two dS^T buffers' space), dV and dK as 4 x 2 warps of
-// 32 keys x D/2 with A read transposed: about 15 % fewer shared-memory
-// bytes per step than 16 keys x 64 queries per warp.
+// 32 keys x D/2 with A read transposed: about 15 % fewer shared-memory bytes
+// per step than 16 keys x 64 queries per warp, and each warp's dQ
+// reductions spread over dK's k loop (causal B4 H32 S4096 D128 dK/dV 5.73
+// -> 5.26 ms on an H200). sm_80 cannot hold both P and dS beside two Q/dO
+// stages at D128 (171 KB > 163 KB) and keeps the 16-keys-per-warp layout;
+// KC_BWD_FA2=0 selects that layout on sm_90 too (for comparisons).
 #ifndef KC_BWD_FA2
-#define KC_BWD_FA2 0
+#define KC_BWD_FA2 (KC_ARCH >= 90)
 #endif
 constexpr bool kFa2 = KC_BWD_FA2;
-// Experimental on top of kFa2 (next GPU session): S and dP in one k loop
-// (KC_BWD_FA2_FUSE_SDP, equal head dims), and dV and dK in one k loop after
-// dQ (KC_BWD_FA2_FUSE_KV): two independent MMA chains per loaded step.
-#ifndef KC_BWD_FA2_FUSE_SDP
-#define KC_BWD_FA2_FUSE_SDP 0
-#endif
-#ifndef KC_BWD_FA2_FUSE_KV
-#define KC_BWD_FA2_FUSE_KV 0
-#endif
 static_assert(!kFa2 || (kDsBufs == 2 && kNW == 8 && kBN == 128), "KC_BWD_FA2: sm_90+, 64 x 128 x 8w");
 constexpr bool kDqLag = kDsBufs == 2 && !kFa2;
 #ifndef KC_BWD_HEAD_CHUNK
@@ -405,6 +405,18 @@ __device__ __forceinline__ void launch_order(int& tile, int& y, int& z, int chun
   z = yz / ny;
 }
 
+// kTileCopies: the elementwise loop of a step is written as
+//   #pragma unroll
+//   for (int full = 1; full >= 0; --full) {
+//     if (kTileCopies ? full != (cls == 2) : full) continue; ...
+// i.e. two copies, one for full tiles (class 2) with no per-element mask test
+// at all. A test per element made ptxas wrap each element in its own branch
+// and serialize the exponentials (about a fifth of the causal dK/dV kernel's
+// stall samples on an H200). Only without a score modification: with one,
+// the straight-line copy holds too many values at once (softcap and ALiBi
+// spilled 150-240 B), so those keep one copy, tested per element.
+constexpr bool kTileCopies = kFold;
+
 // lse (natural log) -> log2 domain; a row that saw nothing (-inf) gets +inf
 // so that P = exp2(y - inf) = 0 rather than NaN.
 __device__ __forceinline__ float lse_log2(float l) {
@@ -413,20 +425,27 @@ __device__ __forceinline__ float lse_log2(float l) {
 
 // The elementwise core shared by both kernels: from the raw score s and
 // dP of one element, P (returned through pexp) and dS (the gradient of s,
-// scale included). Masked elements give zeros.
+// scale included). Masked elements give zeros. Without a score
+// modification it has no branch (a select drops masked elements, whose
+// values are never NaN-propagating), so ptxas can overlap the exponentials
+// of a whole fragment; a score modification is evaluated on visible
+// elements only (an expression may read buffers at any index).
 __device__ __forceinline__ void element_grad(float s, float dp, float lse2, float delta, bool vis,
                                              const ScoreCtx& sc, int b, int h, int q, int kv,
                                              const AttentionParams& p, bool buffer_grads,
                                              float& pexp, float& ds) {
-  if (!vis) {
-    pexp = 0.f;
-    ds = 0.f;
-    return;
-  }
   if constexpr (kFold) {
-    pexp = exp2_approx(fmaf(s, kScale * kLog2e, -lse2));
-    ds = pexp * (dp - delta) * kScale;
+    const float pe = exp2_approx(fmaf(s, kScale * kLog2e, -lse2));
+    const float d = pe * (dp - delta) * kScale;
+    pexp = vis ? pe : 0.f;
+    ds = vis ? d : 0.f;
+    (void)sc, (void)b, (void)h, (void)q, (void)kv, (void)p, (void)buffer_grads;
   } else {
+    if (!vis) {
+      pexp = 0.f;
+      ds = 0.f;
+      return;
+    }
     const float x = s * kScale;
     float dydx;
     const float y = score_mod(x, sc, b, h, q, kv, p, dydx);
@@ -502,46 +521,6 @@ __device__ __forceinline__ void gemm_abt_mn(float (&acc)[MT][NT][4], unsigned a_
   }
 }
 
-// Two independent gemm_abt_mn (acc1 = A1 B1^T, acc2 = A2 B2^T, same D) in one k
-// loop, so that each loaded step feeds two MMA chains.
-template <int D, int MT, int NT>
-__device__ __forceinline__ void gemm_abt2_mn(float (&acc1)[MT][NT][4], unsigned a1_row,
-                                             unsigned b1_tile, float (&acc2)[MT][NT][4],
-                                             unsigned a2_row, unsigned b2_tile, const Lane& ln) {
-#pragma unroll
-  for (int mt = 0; mt < MT; ++mt) {
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-#pragma unroll
-      for (int i = 0; i < 4; ++i) acc1[mt][nt][i] = acc2[mt][nt][i] = 0.f;
-    }
-  }
-#pragma unroll
-  for (int kk = 0; kk < D / 16; ++kk) {
-    unsigned a1[MT][4], a2[MT][4];
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt) {
-      ldsm_x4(a1_row + mt * 16 * (D * 2) + ((kk * 32) ^ ln.akey), a1[mt][0], a1[mt][1], a1[mt][2],
-              a1[mt][3]);
-      ldsm_x4(a2_row + mt * 16 * (D * 2) + ((kk * 32) ^ ln.akey), a2[mt][0], a2[mt][1], a2[mt][2],
-              a2[mt][3]);
-    }
-#pragma unroll
-    for (int np = 0; np < NT / 2; ++np) {
-      unsigned b0, b1, b2, b3, c0, c1, c2, c3;
-      ldsm_x4(b1_tile + (np * 16 + ln.brow) * (D * 2) + ((kk * 32) ^ ln.bkey), b0, b1, b2, b3);
-      ldsm_x4(b2_tile + (np * 16 + ln.brow) * (D * 2) + ((kk * 32) ^ ln.bkey), c0, c1, c2, c3);
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt) {
-        mma16816(acc1[mt][2 * np], a1[mt], b0, b1);
-        mma16816(acc2[mt][2 * np], a2[mt], c0, c1);
-        mma16816(acc1[mt][2 * np + 1], a1[mt], b2, b3);
-        mma16816(acc2[mt][2 * np + 1], a2[mt], c2, c3);
-      }
-    }
-  }
-}
-
 // One warp's 16 rows of A against the kBM (kNT n8 tiles) rows of B.
 template <int D>
 __device__ __forceinline__ void gemm_abt(float (&acc)[kNT][4], unsigned a_row, unsigned b_tile,
@@ -576,13 +555,19 @@ __device__ __forceinline__ void gemm_step_ab_mn(float (&acc)[MT][N][4], const un
   }
 }
 
+// No per-step work beside a GEMM's k loop.
+struct NoHook {
+  __device__ __forceinline__ void operator()(int) const {}
+};
+
 // acc += X^T B over the kBM queries (kFa2's dV and dK): X is a [query][key]
 // tile (P or dS, kBN keys a row, swizzled) read transposed as A for keys
 // 32 wk + [0, 32), B the [query][D] tile at b_tile, columns from dp0.
-template <int D, int N>
+// hook(kk) runs after k step kk's MMAs (other work spread over the loop).
+template <int D, int N, typename Hook = NoHook>
 __device__ __forceinline__ void gemm_tn_keys(float (&acc)[2][N][4], unsigned x_tile,
                                              unsigned b_tile, int wk, int dp0, const Lane& ln,
-                                             int lane) {
+                                             int lane, Hook hook = Hook()) {
 #pragma unroll
   for (int kk = 0; kk < kBM / 16; ++kk) {
     unsigned a[2][4];
@@ -593,28 +578,7 @@ __device__ __forceinline__ void gemm_tn_keys(float (&acc)[2][N][4], unsigned x_t
                 a[mt][1], a[mt][2], a[mt][3]);
     }
     gemm_step_ab_mn<D>(acc, a, b_tile, kk, dp0, ln);
-  }
-}
-
-// Two gemm_tn_keys (acc1 += X1^T B1, acc2 += X2^T B2) in one loop over the
-// queries.
-template <int D1, int D2, int N1, int N2>
-__device__ __forceinline__ void gemm_tn_keys2(float (&acc1)[2][N1][4], unsigned x1_tile,
-                                              unsigned b1_tile, int dp1, float (&acc2)[2][N2][4],
-                                              unsigned x2_tile, unsigned b2_tile, int dp2, int wk,
-                                              const Lane& ln, int lane) {
-#pragma unroll
-  for (int kk = 0; kk < kBM / 16; ++kk) {
-    unsigned a1[2][4], a2[2][4];
-#pragma unroll
-    for (int mt = 0; mt < 2; ++mt) {
-      const int chunk = wk * 4 + 2 * mt + ((lane >> 3) & 1);
-      const unsigned off = (kk * 16 + ln.brow) * (kBN * 2) + ((chunk ^ (lane & 7)) << 4);
-      ldsm_x4_t(x1_tile + off, a1[mt][0], a1[mt][1], a1[mt][2], a1[mt][3]);
-      ldsm_x4_t(x2_tile + off, a2[mt][0], a2[mt][1], a2[mt][2], a2[mt][3]);
-    }
-    gemm_step_ab_mn<D1>(acc1, a1, b1_tile, kk, dp1, ln);
-    gemm_step_ab_mn<D2>(acc2, a2, b2_tile, kk, dp2, ln);
+    hook(kk);
   }
 }
 
@@ -898,66 +862,88 @@ extern "C" __global__ void __launch_bounds__(KC_BWD_NUM_WARPS * 32, 256 / (KC_BW
   const unsigned v_a = sV + (warp * 16 + (lane & 15)) * (kDV * 2);
 
 #if !KC_DETERMINISTIC
-  // dQ partial of the item at (query head hq, rows m0) from its dS^T at ds_t.
+  // dQ = dS K for a query step, in pieces: warp w computes a 32 x 32 block
+  // (rows 32 * (w % 2), columns c0 = 32 * (w / 2) + k * 32 * kNW / 2): two
+  // m16 tiles share each K fragment and two n8 pairs share each dS fragment.
+  // dS comes from dS^T (transposed) or, with kFa2, from dS [query][key]; K
+  // transposed.
+  constexpr int kColGroups = kNW / 2;
+  const int r0w = (warp & 1) * 32;
+  auto dq_gemm = [&](float (&acc)[2][4][4], unsigned ds_t, int c0) {
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[mt][i][0] = acc[mt][i][1] = acc[mt][i][2] = acc[mt][i][3] = 0.f;
+    }
+#pragma unroll
+    for (int kk = 0; kk < kBN / 16; ++kk) {
+      unsigned da[2][4];
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt) {
+        if constexpr (kFa2) {  // dS [query][key]
+          ldsm_x4(ds_t + (r0w + mt * 16 + (lane & 15)) * (kBN * 2) + ((kk * 32) ^ akey),
+                  da[mt][0], da[mt][1], da[mt][2], da[mt][3]);
+        } else {  // dS^T [key][query]
+          const int ds_chunk = (r0w >> 3) + 2 * mt + ((lane >> 3) & 1);
+          ldsm_x4_t(ds_t + (kk * 16 + brow) * (kBM * 2) + ((ds_chunk ^ l7) << 4), da[mt][0],
+                    da[mt][1], da[mt][2], da[mt][3]);
+        }
+      }
+      gemm_step_ab_mn<kDQK>(acc, da, sK, kk, c0 / 16, ln);
+    }
+  };
+  // sm_90+ (vector reductions): lanes t4 and t4 ^ 1 swap halves so that each
+  // adds four consecutive columns of one row (even t4: row g, odd: row g + 8),
+  // a quarter of the scalar reductions. Afterwards acc[mt][dt] holds columns
+  // c0 + 2 (t4 & ~1) + 8 dt + [0, 4) of row dq_row(mt).
+  const int odd = t4 & 1;
+  auto dq_swap = [&](float (&acc)[2][4][4]) {
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt) {
+#pragma unroll
+      for (int dt = 0; dt < 4; ++dt) {
+        const float s0 = odd ? acc[mt][dt][0] : acc[mt][dt][2];
+        const float s1 = odd ? acc[mt][dt][1] : acc[mt][dt][3];
+        const float x0 = __shfl_xor_sync(0xffffffffu, s0, 1);
+        const float x1 = __shfl_xor_sync(0xffffffffu, s1, 1);
+        if (odd) {
+          acc[mt][dt][0] = x0;
+          acc[mt][dt][1] = x1;
+        } else {
+          acc[mt][dt][2] = x0;
+          acc[mt][dt][3] = x1;
+        }
+      }
+    }
+  };
+  // Where the swapped acc[mt] goes. Rows past q_len are clamped to the last
+  // row: their dS rows are exactly zero (masked), so they add zeros there,
+  // and the reductions need neither a branch nor a predicate (ptxas turned
+  // a predicated one into a branch per reduction).
+  auto dq_dst = [&](int hq, int m0, int c0, int mt) {
+    const int r = imin(r0w + mt * 16 + g + 8 * odd, q_len - 1 - m0);
+    return p.dq_accum + ((static_cast<long long>(b) * p.num_q_heads + hq) * q_len + m0 + r) * kDQK +
+           c0 + 2 * (t4 & ~1);
+  };
+  // The whole dQ partial of the item at (query head hq, rows m0) from its dS at ds_t.
   auto dq_step = [&](int hq, int m0, unsigned ds_t) {
-    // dQ = dS K for this query step: warp w adds a 32 x 32 block (rows
-    // 32 * (w % 2), columns 32 * (w / 2) + k * 32 * kNW / 2): two m16 tiles
-    // share each K fragment and two n8 pairs share each dS fragment. dS
-    // comes from dS^T (transposed), K transposed.
-    constexpr int kColGroups = kNW / 2;
-    const int r0w = (warp & 1) * 32;
-    float* acc_row = p.dq_accum +
-                     ((static_cast<long long>(b) * p.num_q_heads + hq) * q_len + m0) * kDQK;
 #pragma unroll
     for (int c0 = (warp >> 1) * 32; c0 < kDQK; c0 += 32 * kColGroups) {
       float acc[2][4][4];
-#pragma unroll
-      for (int mt = 0; mt < 2; ++mt) {
-#pragma unroll
-        for (int i = 0; i < 4; ++i) acc[mt][i][0] = acc[mt][i][1] = acc[mt][i][2] = acc[mt][i][3] = 0.f;
-      }
-#pragma unroll
-      for (int kk = 0; kk < kBN / 16; ++kk) {
-        unsigned da[2][4];
-#pragma unroll
-        for (int mt = 0; mt < 2; ++mt) {
-          if constexpr (kFa2) {  // dS [query][key]
-            ldsm_x4(ds_t + (r0w + mt * 16 + (lane & 15)) * (kBN * 2) + ((kk * 32) ^ akey),
-                    da[mt][0], da[mt][1], da[mt][2], da[mt][3]);
-          } else {  // dS^T [key][query]
-            const int ds_chunk = (r0w >> 3) + 2 * mt + ((lane >> 3) & 1);
-            ldsm_x4_t(ds_t + (kk * 16 + brow) * (kBM * 2) + ((ds_chunk ^ l7) << 4), da[mt][0],
-                      da[mt][1], da[mt][2], da[mt][3]);
-          }
-        }
-        gemm_step_ab_mn<kDQK>(acc, da, sK, kk, c0 / 16, ln);
-      }
-#pragma unroll
-      for (int mt = 0; mt < 2; ++mt) {
+      dq_gemm(acc, ds_t, c0);
 #if KC_ARCH >= 90
-        // Vector reductions: lanes t4 and t4 ^ 1 swap halves so that each
-        // adds four consecutive columns of one row (even t4: row g, odd:
-        // row g + 8), a quarter of the scalar reductions.
-        const int odd = t4 & 1;
-        const int r = r0w + mt * 16 + g + 8 * odd;
-        float* dst = acc_row + r * kDQK + c0 + 2 * (t4 & ~1);
+      dq_swap(acc);
 #pragma unroll
-        for (int dt = 0; dt < 4; ++dt) {
-          const float s0 = odd ? acc[mt][dt][0] : acc[mt][dt][2];
-          const float s1 = odd ? acc[mt][dt][1] : acc[mt][dt][3];
-          const float x0 = __shfl_xor_sync(0xffffffffu, s0, 1);
-          const float x1 = __shfl_xor_sync(0xffffffffu, s1, 1);
-          const float v0 = odd ? x0 : acc[mt][dt][0];
-          const float v1 = odd ? x1 : acc[mt][dt][1];
-          const float v2 = odd ? acc[mt][dt][2] : x0;
-          const float v3 = odd ? acc[mt][dt][3] : x1;
-          if (m0 + r < q_len) {
-            asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(dst + dt * 8),
-                         "f"(v0), "f"(v1), "f"(v2), "f"(v3)
-                         : "memory");
-          }
-        }
+      for (int mt = 0; mt < 2; ++mt) {
+        float* dst = dq_dst(hq, m0, c0, mt);
+#pragma unroll
+        for (int dt = 0; dt < 4; ++dt) red_add_v4(dst + dt * 8, acc[mt][dt]);
+      }
 #else
+      float* acc_row = p.dq_accum +
+                       ((static_cast<long long>(b) * p.num_q_heads + hq) * q_len + m0) * kDQK;
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt) {
 #pragma unroll
         for (int hh2 = 0; hh2 < 2; ++hh2) {
           const int r = r0w + mt * 16 + g + 8 * hh2;
@@ -970,8 +956,8 @@ extern "C" __global__ void __launch_bounds__(KC_BWD_NUM_WARPS * 32, 256 / (KC_BW
             }
           }
         }
-#endif
       }
+#endif
     }
   };
   int prev_hq = 0, prev_m0 = 0;  // the item before `it`
@@ -1044,66 +1030,78 @@ extern "C" __global__ void __launch_bounds__(KC_BWD_NUM_WARPS * 32, 256 / (KC_BW
       float s[2][4][4], dp[2][4][4];
       const unsigned q_a = q_s + (wm * 32 + (lane & 15)) * (kDQK * 2);
       const unsigned o_a = o_s + (wm * 32 + (lane & 15)) * (kDV * 2);
-      if constexpr (KC_BWD_FA2_FUSE_SDP && kDQK == kDV) {
-        gemm_abt2_mn<kDQK, 2, 4>(s, q_a, sK + wn * 32 * (kDQK * 2), dp, o_a,
-                                 sV + wn * 32 * (kDV * 2), ln);
-      } else {
-        gemm_abt_mn<kDQK, 2, 4>(s, q_a, sK + wn * 32 * (kDQK * 2), ln);
-        gemm_abt_mn<kDV, 2, 4>(dp, o_a, sV + wn * 32 * (kDV * 2), ln);
-      }
+      gemm_abt_mn<kDQK, 2, 4>(s, q_a, sK + wn * 32 * (kDQK * 2), ln);
+      gemm_abt_mn<kDV, 2, 4>(dp, o_a, sV + wn * 32 * (kDV * 2), ln);
       ScoreCtx sc{0.f};
 #if KC_SCORE_MOD == KC_SCORE_ALIBI
       sc.alibi_slope = p.alibi_slopes[hq];
 #endif
       const unsigned sP = sS, sDs = sS + kSB;  // [query][key], 16-byte chunks swizzled
 #pragma unroll
-      for (int mt = 0; mt < 2; ++mt) {
+      for (int full = 1; full >= 0; --full) {  // kTileCopies
+        if (kTileCopies ? full != (cls == 2) : full) continue;
 #pragma unroll
-        for (int hh2 = 0; hh2 < 2; ++hh2) {
-          const int qi = wm * 32 + mt * 16 + g + 8 * hh2;
-          const float l2 = lse_log2(lse_s[st * kBM + qi]);
-          const float del = del_s[st * kBM + qi];
-          int4 rd = make_int4(0, 0, 0, 0);
-          if constexpr (kRowData) rd = rowdata[st * kBM + qi];
-          const int q = m0 + qi;
+        for (int mt = 0; mt < 2; ++mt) {
 #pragma unroll
-          for (int nt = 0; nt < 4; ++nt) {
+          for (int hh2 = 0; hh2 < 2; ++hh2) {
+            const int qi = wm * 32 + mt * 16 + g + 8 * hh2;
+            const float l2 = lse_log2(lse_s[st * kBM + qi]);
+            const float del = del_s[st * kBM + qi];
+            int4 rd = make_int4(0, 0, 0, 0);
+            if constexpr (kRowData) rd = rowdata[st * kBM + qi];
+            const int q = m0 + qi;
 #pragma unroll
-            for (int c = 0; c < 2; ++c) {
-              const int kv = n0 + wn * 32 + nt * 8 + 2 * t4 + c;
-              const bool vis = cls == 2 || visible(p, b, hq, q, kv, q_len, kv_len, off, rd,
-                                                   kv_id8[nt * 2 + c]);
-              float pe, ds;
-              element_grad(s[mt][nt][hh2 * 2 + c], dp[mt][nt][hh2 * 2 + c], l2, del, vis, sc, b,
-                           hq, q, kv, p, true, pe, ds);
-              s[mt][nt][hh2 * 2 + c] = pe;
-              dp[mt][nt][hh2 * 2 + c] = ds;
+            for (int nt = 0; nt < 4; ++nt) {
+#pragma unroll
+              for (int c = 0; c < 2; ++c) {
+                const int kv = n0 + wn * 32 + nt * 8 + 2 * t4 + c;
+                const bool vis = full || visible(p, b, hq, q, kv, q_len, kv_len,
+                                                                   off, rd, kv_id8[nt * 2 + c]);
+                float pe, ds;
+                element_grad(s[mt][nt][hh2 * 2 + c], dp[mt][nt][hh2 * 2 + c], l2, del, vis, sc, b,
+                             hq, q, kv, p, true, pe, ds);
+                s[mt][nt][hh2 * 2 + c] = pe;
+                dp[mt][nt][hh2 * 2 + c] = ds;
+              }
+              const unsigned off_b = qi * (kBN * 2) + (((wn * 4 + nt) ^ (qi & 7)) << 4) + t4 * 4;
+              st_shared_u32(sP + off_b, pack2(s[mt][nt][hh2 * 2], s[mt][nt][hh2 * 2 + 1]));
+              st_shared_u32(sDs + off_b, pack2(dp[mt][nt][hh2 * 2], dp[mt][nt][hh2 * 2 + 1]));
             }
-            const unsigned off_b = qi * (kBN * 2) + (((wn * 4 + nt) ^ (qi & 7)) << 4) + t4 * 4;
-            st_shared_u32(sP + off_b, pack2(s[mt][nt][hh2 * 2], s[mt][nt][hh2 * 2 + 1]));
-            st_shared_u32(sDs + off_b, pack2(dp[mt][nt][hh2 * 2], dp[mt][nt][hh2 * 2 + 1]));
           }
         }
       }
       __syncthreads();  // P and dS complete
-      // dV += P^T dO, then dQ (its reductions drain during dK), then
-      // dK += dS^T Q: warp (wk, wd) = (warp / 2, warp % 2) owns keys
+      // dV += P^T dO, then dQ = dS K, then dK += dS^T Q with dQ's
+      // reductions spread over its k loop: warp (wk, wd) = (warp / 2, warp % 2) owns keys
       // 32 wk + [0, 32) x columns wd D / 2 + [0, D / 2). A (P^T, dS^T) is read
       // transposed from the [query][key] tiles.
       const int wk = warp >> 1, wd = warp & 1;
-      if constexpr (KC_BWD_FA2_FUSE_KV) {
+      gemm_tn_keys<kDV>(dv2, sP, o_s, wk, wd * (kDV / 32), ln, lane);
 #if !KC_DETERMINISTIC
-        dq_step(hq, m0, sDs);
-#endif
-        gemm_tn_keys2<kDV, kDQK>(dv2, sP, o_s, wd * (kDV / 32), dk2, sDs, q_s, wd * (kDQK / 32),
-                                 wk, ln, lane);
-      } else {
-        gemm_tn_keys<kDV>(dv2, sP, o_s, wk, wd * (kDV / 32), ln, lane);
-#if !KC_DETERMINISTIC
-        dq_step(hq, m0, sDs);
-#endif
-        gemm_tn_keys<kDQK>(dk2, sDs, q_s, wk, wd * (kDQK / 32), ln, lane);
+      // This warp's dQ block (at most one: 8 warps, D <= 128), its
+      // reductions two per k step of dK, so that they leave the LSU queue at
+      // the MMAs' pace rather than as a burst of 8 (whose source registers
+      // then held up dK's first ldmatrix: causal D128 dK/dV 5.35 -> 5.26 ms).
+      const int c0 = (warp >> 1) * 32;
+      const bool has = kDQK >= 32 * kColGroups || c0 < kDQK;
+      float dacc[2][4][4];
+      if (has) {
+        dq_gemm(dacc, sDs, c0);
+        dq_swap(dacc);
       }
+      float* const dst0 = dq_dst(hq, m0, c0, 0);
+      float* const dst1 = dq_dst(hq, m0, c0, 1);
+      gemm_tn_keys<kDQK>(dk2, sDs, q_s, wk, wd * (kDQK / 32), ln, lane, [&](int kk) {
+        if (has) {
+#pragma unroll
+          for (int j = 2 * kk; j < 2 * kk + 2; ++j) {
+            red_add_v4((j < 4 ? dst0 : dst1) + (j & 3) * 8, dacc[j >> 2][j & 3]);
+          }
+        }
+      });
+#else
+      gemm_tn_keys<kDQK>(dk2, sDs, q_s, wk, wd * (kDQK / 32), ln, lane);
+#endif
     } else {
       // S^T = K Q^T and dP^T = V dO^T: 16 keys x 64 queries per warp.
       float s[kNT][4], dp[kNT][4];
@@ -1120,25 +1118,29 @@ extern "C" __global__ void __launch_bounds__(KC_BWD_NUM_WARPS * 32, 256 / (KC_BW
         const float* del_st = del_s + st * kBM;
         const int4* rd_st = rowdata + st * kBM;
 #pragma unroll
-        for (int nt = 0; nt < kNT; ++nt) {
+        for (int full = 1; full >= 0; --full) {  // kTileCopies
+          if (kTileCopies ? full != (cls == 2) : full) continue;
 #pragma unroll
-          for (int c = 0; c < 2; ++c) {
-            const int qi = nt * 8 + 2 * t4 + c;
-            const float l2 = lse_log2(lse_st[qi]);
-            const float del = del_st[qi];
-            int4 rd = make_int4(0, 0, 0, 0);
-            if constexpr (kRowData) rd = rd_st[qi];
+          for (int nt = 0; nt < kNT; ++nt) {
 #pragma unroll
-            for (int hh2 = 0; hh2 < 2; ++hh2) {
-              const int kv = n0 + key_row0 + 8 * hh2;
-              const int q = m0 + qi;
-              const bool vis =
-                  cls == 2 || visible(p, b, hq, q, kv, q_len, kv_len, off, rd, kv_id[hh2]);
-              float pe, ds;
-              element_grad(s[nt][hh2 * 2 + c], dp[nt][hh2 * 2 + c], l2, del, vis, sc, b, hq, q,
-                           kv, p, true, pe, ds);
-              s[nt][hh2 * 2 + c] = pe;
-              dp[nt][hh2 * 2 + c] = ds;
+            for (int c = 0; c < 2; ++c) {
+              const int qi = nt * 8 + 2 * t4 + c;
+              const float l2 = lse_log2(lse_st[qi]);
+              const float del = del_st[qi];
+              int4 rd = make_int4(0, 0, 0, 0);
+              if constexpr (kRowData) rd = rd_st[qi];
+#pragma unroll
+              for (int hh2 = 0; hh2 < 2; ++hh2) {
+                const int kv = n0 + key_row0 + 8 * hh2;
+                const int q = m0 + qi;
+                const bool vis = full ||
+                                 visible(p, b, hq, q, kv, q_len, kv_len, off, rd, kv_id[hh2]);
+                float pe, ds;
+                element_grad(s[nt][hh2 * 2 + c], dp[nt][hh2 * 2 + c], l2, del, vis, sc, b, hq, q,
+                             kv, p, true, pe, ds);
+                s[nt][hh2 * 2 + c] = pe;
+                dp[nt][hh2 * 2 + c] = ds;
+              }
             }
           }
         }
@@ -1398,22 +1400,27 @@ extern "C" __global__ void __launch_bounds__(KC_BWD_NUM_WARPS * 32, 256 / (KC_BW
     gemm_abt<kDV>(dp, o_a, v_s, ln);
 
 #pragma unroll
-    for (int nt = 0; nt < kNT; ++nt) {
+    for (int full = 1; full >= 0; --full) {  // kTileCopies
+      if (kTileCopies ? full != (cls == 2) : full) continue;
 #pragma unroll
-      for (int c = 0; c < 2; ++c) {
-        const int kv = n0 + nt * 8 + 2 * t4 + c;
-        int kv_id = 0;
+      for (int nt = 0; nt < kNT; ++nt) {
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          const int kv = n0 + nt * 8 + 2 * t4 + c;
+          int kv_id = 0;
 #if KC_MASK == KC_MASK_DOCUMENT
-        if (cls != 2 && kv < kv_len) kv_id = p.kv_seq_id[b * p.kv_seq_id_stride_b + kv];
+          if (!full && kv < kv_len) kv_id = p.kv_seq_id[b * p.kv_seq_id_stride_b + kv];
 #endif
 #pragma unroll
-        for (int hh = 0; hh < 2; ++hh) {
-          const int q = m0 + row0 + 8 * hh;
-          const bool vis = cls == 2 || visible(p, b, h, q, kv, q_len, kv_len, off, rd[hh], kv_id);
-          float pe, ds;
-          element_grad(s[nt][hh * 2 + c], dp[nt][hh * 2 + c], l2[hh], del[hh], vis, sc, b, h, q,
-                       kv, p, false, pe, ds);
-          dp[nt][hh * 2 + c] = ds;
+          for (int hh = 0; hh < 2; ++hh) {
+            const int q = m0 + row0 + 8 * hh;
+            const bool vis =
+                full || visible(p, b, h, q, kv, q_len, kv_len, off, rd[hh], kv_id);
+            float pe, ds;
+            element_grad(s[nt][hh * 2 + c], dp[nt][hh * 2 + c], l2[hh], del[hh], vis, sc, b, h, q,
+                         kv, p, false, pe, ds);
+            dp[nt][hh * 2 + c] = ds;
+          }
         }
       }
     }
