@@ -8,7 +8,7 @@ backward sequence timed (median of CUDA events), each backward kernel timed alon
 dK/dV kernel's registers and spills, and its gradients' rel L2 against flex's (NaN-poisoned
 outputs first). Variants are sets of extra defines (kernels/attention_bwd.cuh's KC_BWD_*):
 
-  VARIANTS="base:;fa2:KC_BWD_FA2=1" python3 bench/attention/bwd_variants.py causal drafter_sorted
+  VARIANTS="fa2:;b6:KC_BWD_FA2=0" python3 bench/attention/bwd_variants.py causal drafter_sorted
 
 FLEX=0 skips flex (times only). Cubins for every (case, variant) compile in parallel
 first (NVRTC, into .devcarry/cubins like the other kernel tools).

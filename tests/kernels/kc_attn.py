@@ -361,6 +361,8 @@ def nvrtc_compile(source, arch=90, sm90a=False, extra_options=(), name=b"kcache_
     target = ("sm_90a" if sm90a else "sm_%d" % arch)
     opts = ["--gpu-architecture=" + target, "--std=c++17", "--ptxas-options=-v"] + list(
         extra_options)
+    if os.environ.get("KC_LINEINFO") == "1":  # source lines for ncu's source view
+        opts.append("--generate-line-info")
     copts = (ctypes.c_char_p * len(opts))(*[o.encode() for o in opts])
     r = lib.nvrtcCompileProgram(prog, len(opts), copts)
     size = ctypes.c_size_t()
@@ -386,7 +388,9 @@ def spec_key(spec):
     names = [h for h in HEADERS if spec.get("backward") or h != BWD_HEADER]
     src = prelude(spec) + "".join(h.decode(errors="replace")
                                   for n, h in zip(HEADERS, _header_sources()) if n in names)
-    return hashlib.sha256((src + repr(spec["arch"]) + repr(spec["sm90a"])).encode()).hexdigest()[:20]
+    lineinfo = "lineinfo" if os.environ.get("KC_LINEINFO") == "1" else ""
+    return hashlib.sha256((src + repr(spec["arch"]) + repr(spec["sm90a"]) + lineinfo).encode()
+                          ).hexdigest()[:20]
 
 
 def compile_spec(spec, cache_dir=CUBIN_DIR):
