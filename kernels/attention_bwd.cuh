@@ -426,10 +426,10 @@ __device__ __forceinline__ float lse_log2(float l) {
 // The elementwise core shared by both kernels: from the raw score s and
 // dP of one element, P (returned through pexp) and dS (the gradient of s,
 // scale included). Masked elements give zeros. Without a score
-// modification it has no branch (a select drops masked elements, whose
-// values are never NaN-propagating), so ptxas can overlap the exponentials
-// of a whole fragment; a score modification is evaluated on visible
-// elements only (an expression may read buffers at any index).
+// modification it has no branch (a select drops masked elements, so their
+// values, NaN or not, never reach P or dS), and ptxas can overlap the
+// exponentials of a whole fragment; a score modification is evaluated on
+// visible elements only (an expression may read buffers at any index).
 __device__ __forceinline__ void element_grad(float s, float dp, float lse2, float delta, bool vis,
                                              const ScoreCtx& sc, int b, int h, int q, int kv,
                                              const AttentionParams& p, bool buffer_grads,
@@ -895,7 +895,7 @@ extern "C" __global__ void __launch_bounds__(KC_BWD_NUM_WARPS * 32, 256 / (KC_BW
   // sm_90+ (vector reductions): lanes t4 and t4 ^ 1 swap halves so that each
   // adds four consecutive columns of one row (even t4: row g, odd: row g + 8),
   // a quarter of the scalar reductions. Afterwards acc[mt][dt] holds columns
-  // c0 + 2 (t4 & ~1) + 8 dt + [0, 4) of row dq_row(mt).
+  // 8 dt + [0, 4) from dq_dst(.., mt) on.
   const int odd = t4 & 1;
   auto dq_swap = [&](float (&acc)[2][4][4]) {
 #pragma unroll
