@@ -190,6 +190,21 @@ void StartRunningCompile(Fixture& f, C& call) {
   f.compiler().AwaitCompiles(1);
 }
 
+// After a call waiting on a queued key was cancelled: the server saw it
+// (OnCancel) and let go of the wait, so the queued compile, which nobody
+// waits for any more, is dropped; then `blocker` (StartRunningCompile's call)
+// finishes as the only compile.
+void ExpectWaitLeftThenBlockerCompiles(Fixture& f, Call& blocker) {
+  f.service().AwaitWaitingCalls(1);
+  EXPECT_EQ(f.DroppedCompiles(), 1u);
+
+  f.compiler().Release();
+  blocker.done.WaitForNotification();
+  EXPECT_TRUE(blocker.status.ok()) << blocker.status.error_message();
+  EXPECT_EQ(f.compiler().compiles(), 1);
+  f.service().AwaitWaitingCalls(0);
+}
+
 TEST(WaitingCallTest, ManyCallsForOneUncompiledKeyShareOneCompileWithoutAThreadEach) {
   constexpr int kCalls = 500;
   Fixture g;
@@ -244,16 +259,7 @@ TEST(WaitingCallTest, CancelledCallIsAnsweredCancelledAndLeavesItsWait) {
   call.ctx.TryCancel();
   call.done.WaitForNotification();
   EXPECT_EQ(call.status.error_code(), grpc::StatusCode::CANCELLED);
-  // The server saw it (OnCancel) and let go of the wait: the queued compile,
-  // which nobody waits for any more, is dropped.
-  f.service().AwaitWaitingCalls(1);
-  EXPECT_EQ(f.DroppedCompiles(), 1u);
-
-  f.compiler().Release();
-  blocker.done.WaitForNotification();
-  EXPECT_TRUE(blocker.status.ok()) << blocker.status.error_message();
-  EXPECT_EQ(f.compiler().compiles(), 1);
-  f.service().AwaitWaitingCalls(0);
+  ExpectWaitLeftThenBlockerCompiles(f, blocker);
 }
 
 TEST(WaitingCallTest, AbandonWaitsAnswersWaitingCallsUnavailableWithTheRetryHint) {
@@ -449,16 +455,7 @@ TEST(WaitingStreamTest, CancelledStreamIsAnsweredCancelledAndLeavesItsWait) {
   call.ctx.TryCancel();
   call.done.WaitForNotification();
   EXPECT_EQ(call.status.error_code(), grpc::StatusCode::CANCELLED);
-  // The server saw it (OnCancel) and let go of the wait: the queued compile,
-  // which nobody waits for any more, is dropped.
-  f.service().AwaitWaitingCalls(1);
-  EXPECT_EQ(f.DroppedCompiles(), 1u);
-
-  f.compiler().Release();
-  blocker.done.WaitForNotification();
-  EXPECT_TRUE(blocker.status.ok()) << blocker.status.error_message();
-  EXPECT_EQ(f.compiler().compiles(), 1);
-  f.service().AwaitWaitingCalls(0);
+  ExpectWaitLeftThenBlockerCompiles(f, blocker);
 }
 
 TEST(WaitingStreamTest, AbandonWaitsAnswersWaitingStreamsUnavailableWithTheRetryHint) {
