@@ -345,6 +345,11 @@ def _header_sources():
     return out
 
 
+def _lineinfo():
+    """KC_LINEINFO=1: cubins carry source lines (for ncu's source view); part of the cache key."""
+    return os.environ.get("KC_LINEINFO") == "1"
+
+
 def nvrtc_compile(source, arch=90, sm90a=False, extra_options=(), name=b"kcache_attn.cu",
                   want_cubin=True):
     """Compiles `source` with kernels/* as named headers. Returns (cubin bytes or None, log)."""
@@ -361,7 +366,7 @@ def nvrtc_compile(source, arch=90, sm90a=False, extra_options=(), name=b"kcache_
     target = ("sm_90a" if sm90a else "sm_%d" % arch)
     opts = ["--gpu-architecture=" + target, "--std=c++17", "--ptxas-options=-v"] + list(
         extra_options)
-    if os.environ.get("KC_LINEINFO") == "1":  # source lines for ncu's source view
+    if _lineinfo():
         opts.append("--generate-line-info")
     copts = (ctypes.c_char_p * len(opts))(*[o.encode() for o in opts])
     r = lib.nvrtcCompileProgram(prog, len(opts), copts)
@@ -388,7 +393,7 @@ def spec_key(spec):
     names = [h for h in HEADERS if spec.get("backward") or h != BWD_HEADER]
     src = prelude(spec) + "".join(h.decode(errors="replace")
                                   for n, h in zip(HEADERS, _header_sources()) if n in names)
-    lineinfo = "lineinfo" if os.environ.get("KC_LINEINFO") == "1" else ""
+    lineinfo = "lineinfo" if _lineinfo() else ""
     return hashlib.sha256((src + repr(spec["arch"]) + repr(spec["sm90a"]) + lineinfo).encode()
                           ).hexdigest()[:20]
 
