@@ -1,7 +1,7 @@
 """Fixtures for the kcache Python package tests: a real kcached in compile-only mode on a
 temporary store and socket (like tests/common/daemon_process.h), and the import paths.
 
-Run by CTest (python_client_test), which sets PYTHONPATH, KCACHE_TEST_KCACHED and
+Run by CTest (python_client_test_debian and _pypi), which sets PYTHONPATH, KCACHE_TEST_KCACHED and
 KCACHE_TEST_LAYOUT_PROBE. By hand, from the repository root:
 
   PYTHONPATH=client/python:build-X/client/python/gen KCACHE_TEST_KCACHED=build-X/bin/kcached \
