@@ -10,14 +10,9 @@ backward entry points launched in backward()). `raw_kernel` / `fetch_raw_kernel`
 loaded functions / the cubin.
 
 Imports neither torch nor the CUDA driver until they are needed. The wire
-contract's Python modules (kcache/v1/*_pb2.py, generated into the build tree
-by client/python/CMakeLists.txt) are found on sys.path or in the folder named
-by $KCACHE_PROTO_PATH; see kcache._protos.
+contract's Python modules are part of the package (kcache/v1, generated from
+proto/ and committed; client/python/gen_protos.py refreshes them).
 """
-
-from kcache import _protos
-
-_protos.extend_package_path(__path__)
 
 from kcache.errors import (  # noqa: E402
     CompileError, DeadlineExceeded, KcacheError, InvalidSpec, PermissionDenied,
