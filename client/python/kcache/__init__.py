@@ -11,12 +11,13 @@ loaded functions / the cubin.
 
 Imports neither torch nor the CUDA driver until they are needed. The wire
 contract's Python modules are part of the package (kcache/v1, generated from
-proto/ and committed; client/python/gen_protos.py refreshes them).
+proto/ and committed; client/python/gen_protos.py refreshes them). Every error
+kcache raises derives from KcacheError (kcache.errors has the tree).
 """
 
-from kcache.errors import (  # noqa: E402
-    CompileError, DeadlineExceeded, KcacheError, InvalidSpec, PermissionDenied,
-    RawKernelsDisabled, Unavailable)
+from kcache.errors import (
+    CompileError, CudaError, DeadlineExceeded, InvalidArgument, InvalidSpec, InvalidType,
+    KcacheError, PermissionDenied, RawKernelsDisabled, Unavailable)
 from kcache.specs import (  # noqa: E402
     Expr, alibi, buffer, causal, document, drafter, expr_mask, maximum, minimum, no_mask,
     score_expr, sliding_window, softcap, spec, where, to_spec)
@@ -38,8 +39,9 @@ def __getattr__(name):
 
 
 __all__ = [
-    "ABI_VERSION", "AttentionParams", "Client", "CompileError", "DeadlineExceeded", "Expr",
-    "InvalidSpec", "KcBuffer", "KcacheError", "KernelResult", "PermissionDenied",
+    "ABI_VERSION", "AttentionParams", "Client", "CompileError", "CudaError", "DeadlineExceeded",
+    "Expr", "InvalidArgument", "InvalidSpec", "InvalidType", "KcBuffer", "KcacheError",
+    "KernelResult", "PermissionDenied",
     "RawKernelsDisabled", "RawModule", "Unavailable", "alibi",
     "arch_for_capability", "attention", "attention_backward", "attention_forward", "b", "buffer", "causal", "default_client",
     "document", "drafter", "expr_mask", "fetch_raw_kernel", "h", "kv_idx", "maximum", "minimum",
