@@ -15,6 +15,7 @@ proto/ and committed; client/python/gen_protos.py refreshes them). Every error
 kcache raises derives from KcacheError (kcache.errors has the tree).
 """
 
+from kcache._version import __version__
 from kcache.errors import (
     CompileError, CudaError, DeadlineExceeded, InvalidArgument, InvalidSpec, InvalidType,
     KcacheError, PermissionDenied, RawKernelsDisabled, Unavailable)
@@ -47,5 +48,5 @@ __all__ = [
     "document", "drafter", "expr_mask", "fetch_raw_kernel", "h", "kv_idx", "maximum", "minimum",
     "no_mask", "q_idx", "raw_kernel",
     "score", "score_expr", "sliding_window", "softcap", "spec", "to_spec", "validate_inputs",
-    "where",
+    "where", "__version__",
 ]
