@@ -77,8 +77,11 @@ PROBE = textwrap.dedent("""
     import google.protobuf, grpc
     import kcache
     from kcache.v1 import record_pb2, spec_pb2  # the generated modules ship in the package
+    import os
     out = {"file": kcache.__file__, "prefix": sys.prefix, "version": kcache.__version__,
-           "runtimes": [google.protobuf.__version__, grpc.__version__]}
+           "runtimes": [google.protobuf.__version__, grpc.__version__],
+           "typed": [os.path.isfile(os.path.join(os.path.dirname(m.__file__), f)) for m, f in
+                     ((kcache, "py.typed"), (spec_pb2, "spec_pb2.pyi"))]}
     spec = kcache.spec(dtype="bf16", head_dim=128, q_heads=8, kv_heads=2, mask=kcache.causal())
     with kcache.Client(sys.argv[1]) as c:
         r = c.get_kernel(spec, arch="sm_90a", timeout=300)
@@ -110,6 +113,7 @@ def test_pip_install_into_a_fresh_venv_then_get_kernel(venv, daemon, tmp_path):
     import grpc
     # The runtimes of the interpreter running the tests (Debian's 4.21 / 1.51, or newer).
     assert out["runtimes"] == [google.protobuf.__version__, grpc.__version__]
+    assert out["typed"] == [True, True]  # py.typed and the protobuf stubs are installed
     assert out["arch"] == "sm_90a"
     assert out["elf"] and out["sha_ok"] and out["size_ok"], out
     assert out["abi"] == out["package_abi"]
