@@ -27,7 +27,7 @@ import os
 import re
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Dict, Optional, Tuple
 
 from kcache import _protos, errors
 from kcache.specs import SpecLike, to_spec
@@ -128,8 +128,10 @@ class Client:
         self._stub = self._service_grpc.KernelServiceStub(self._channel)
         self._admin = self._service_grpc.AdminServiceStub(self._channel)
         self._lock = threading.Lock()
-        self._fetches = {}  # deterministic request bytes -> _Flight   (guarded by _lock)
-        self._loads = {}    # (record key, CUcontext) -> _Flight        (guarded by _lock)
+        # deterministic request bytes -> _Flight                        (guarded by _lock)
+        self._fetches: Dict[bytes, _Flight] = {}
+        # (record key, CUcontext) -> _Flight                            (guarded by _lock)
+        self._loads: Dict[Tuple[bytes, int], _Flight] = {}
         self._rpcs = 0      # GetKernel attempts                        (guarded by _lock)
         self._closed = False
 

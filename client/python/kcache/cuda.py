@@ -14,7 +14,8 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import threading
-from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import (TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union,
+                    cast)
 
 from kcache.errors import CudaError, InvalidArgument
 from kcache.params import AttentionParams, check_record_abi
@@ -36,7 +37,7 @@ ENTRY_ROLE_BACKWARD_MASK_BUILD = 7    # tile classes with the backward's tiles
 
 _lib = None
 _lib_lock = threading.Lock()
-_primary = {}  # device ordinal -> retained primary CUcontext (never released)
+_primary: Dict[int, int] = {}  # device ordinal -> retained primary CUcontext (never released)
 
 _vp = ctypes.c_void_p
 _PROTOS = {
@@ -85,6 +86,7 @@ def check(r: int, what: str) -> None:
     """Raises CudaError (with the CUresult and the driver's name for it) unless r is 0."""
     if r != 0:
         s = ctypes.c_char_p()
+        assert _lib is not None  # r came from a call through it
         _lib.cuGetErrorString(r, ctypes.byref(s))
         raise CudaError("%s failed: CUDA error %d (%s)" % (
             what, r, s.value.decode() if s.value else "?"), r)
@@ -128,7 +130,7 @@ def device_context(ordinal: int) -> Iterator[int]:
         d = ctypes.c_int()
         check(cu.cuCtxGetDevice(ctypes.byref(d)), "cuCtxGetDevice")
         if d.value == ordinal:
-            yield ctx.value
+            yield int(ctx.value)
             return
     with _lib_lock:
         prim = _primary.get(ordinal)
@@ -137,7 +139,7 @@ def device_context(ordinal: int) -> Iterator[int]:
         check(cu.cuDeviceGet(ctypes.byref(dev), ordinal), "cuDeviceGet")
         check(cu.cuDevicePrimaryCtxRetain(ctypes.byref(p), dev.value), "cuDevicePrimaryCtxRetain")
         with _lib_lock:
-            prim = _primary.setdefault(ordinal, p.value)
+            prim = _primary.setdefault(ordinal, cast(int, p.value))
     check(cu.cuCtxPushCurrent_v2(prim), "cuCtxPushCurrent")
     try:
         yield prim
@@ -183,7 +185,7 @@ def _load(result: KernelResult, context: int, attention: bool) -> LoadedKernel:
     mod = _vp()
     check(cu.cuModuleLoadData(ctypes.byref(mod), image), "cuModuleLoadData")
     try:
-        functions = {}
+        functions: Dict[str, int] = {}
         for e in result.record.entry_points:
             fn = _vp()
             check(cu.cuModuleGetFunction(ctypes.byref(fn), mod, e.name.encode()),
@@ -195,11 +197,11 @@ def _load(result: KernelResult, context: int, attention: bool) -> LoadedKernel:
                       % e.dynamic_smem_bytes)
             if attention:
                 _check_param_size(cu, fn, e.name)
-            functions[e.name] = fn.value
+            functions[e.name] = cast(int, fn.value)
     except BaseException:
         cu.cuModuleUnload(mod)
         raise
-    return LoadedKernel(result, context, mod.value, functions)
+    return LoadedKernel(result, context, cast(int, mod.value), functions)
 
 
 def _check_param_size(cu, fn, name):
@@ -239,7 +241,7 @@ def param_sizes(function: int) -> Optional[List[int]]:
     f = getattr(cu, "cuFuncGetParamInfo", None)
     if f is None:
         return None
-    sizes = []
+    sizes: List[int] = []
     off, size = ctypes.c_size_t(), ctypes.c_size_t()
     while f(function, len(sizes), ctypes.byref(off), ctypes.byref(size)) == 0:
         sizes.append(size.value)
@@ -289,7 +291,7 @@ def pack_args(name: str, args: Sequence[Any], sizes: Optional[Sequence[int]]) ->
     return out
 
 
-def _dim3(name: str, what: str, v: Union[int, Sequence[int]]) -> Tuple[int, int, int]:
+def _dim3(name: str, what: str, v: Union[int, Sequence[int]]) -> Tuple[int, ...]:
     v = (v,) if isinstance(v, int) else tuple(v)
     if not 1 <= len(v) <= 3 or any(not isinstance(x, int) or x < 1 for x in v):
         raise InvalidArgument("%s %s: one to three positive ints, got %r" % (name, what, v))

@@ -59,10 +59,10 @@ def layout() -> Dict[str, int]:
     "KcBuffer.<f>": offset}: what the layout tests compare with the C++ header."""
     out = {"sizeof(AttentionParams)": ctypes.sizeof(AttentionParams),
            "sizeof(KcBuffer)": ctypes.sizeof(KcBuffer), "kAttentionAbiVersion": ABI_VERSION}
-    for name, _ in AttentionParams._fields_:
-        out["AttentionParams." + name] = getattr(AttentionParams, name).offset
-    for name, _ in KcBuffer._fields_:
-        out["KcBuffer." + name] = getattr(KcBuffer, name).offset
+    for f in AttentionParams._fields_:
+        out["AttentionParams." + f[0]] = getattr(AttentionParams, f[0]).offset
+    for f in KcBuffer._fields_:
+        out["KcBuffer." + f[0]] = getattr(KcBuffer, f[0]).offset
     return out
 
 

@@ -17,7 +17,7 @@ ValueError) or kcache.InvalidType (a TypeError).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Dict, Mapping, Optional, Tuple, Union
+from typing import TYPE_CHECKING, Any, Callable, Dict, Mapping, Optional, Tuple, Union
 
 from kcache import _protos
 from kcache.errors import InvalidArgument, InvalidType
@@ -128,10 +128,23 @@ class _Tagged:
 # ---------------------------------------------------------------------------
 # Expressions
 # ---------------------------------------------------------------------------
+def _binary(op: int, swap: bool = False) -> Callable[[Expr, ExprLike], Expr]:
+    """An Expr operator method building BinaryExpr `op` (operands swapped for __r*__)."""
+    def method(self: Expr, other: ExprLike) -> Expr:
+        return self._bin(op, other, swap)
+    return method
+
+
+def _unary(op: int) -> Callable[[Expr], Expr]:
+    def method(self: Expr) -> Expr:
+        return self._un(op)
+    return method
+
+
 class Expr:
     """A typed expression node (kcache.v1.Expr) plus the buffers it reads."""
 
-    __hash__ = None  # == builds an expression
+    __hash__ = None  # type: ignore[assignment]  # == builds an expression
 
     def __init__(self, proto: spec_pb2.Expr,
                  buffers: Optional[Mapping[str, Tuple[str, int]]] = None) -> None:
@@ -153,29 +166,29 @@ class Expr:
         e.unary.arg.CopyFrom(self.proto)
         return Expr(e, self.buffers)
 
-    __add__ = lambda s, o: s._bin(1, o)  # noqa: E731
-    __radd__ = lambda s, o: s._bin(1, o, True)  # noqa: E731
-    __sub__ = lambda s, o: s._bin(2, o)  # noqa: E731
-    __rsub__ = lambda s, o: s._bin(2, o, True)  # noqa: E731
-    __mul__ = lambda s, o: s._bin(3, o)  # noqa: E731
-    __rmul__ = lambda s, o: s._bin(3, o, True)  # noqa: E731
-    __truediv__ = lambda s, o: s._bin(4, o)  # noqa: E731
-    __rtruediv__ = lambda s, o: s._bin(4, o, True)  # noqa: E731
-    __mod__ = lambda s, o: s._bin(5, o)  # noqa: E731
-    __rmod__ = lambda s, o: s._bin(5, o, True)  # noqa: E731
-    __eq__ = lambda s, o: s._bin(8, o)  # noqa: E731
-    __ne__ = lambda s, o: s._bin(9, o)  # noqa: E731
-    __lt__ = lambda s, o: s._bin(10, o)  # noqa: E731
-    __le__ = lambda s, o: s._bin(11, o)  # noqa: E731
-    __gt__ = lambda s, o: s._bin(12, o)  # noqa: E731
-    __ge__ = lambda s, o: s._bin(13, o)  # noqa: E731
-    __and__ = lambda s, o: s._bin(14, o)  # noqa: E731
-    __rand__ = lambda s, o: s._bin(14, o, True)  # noqa: E731
-    __or__ = lambda s, o: s._bin(15, o)  # noqa: E731
-    __ror__ = lambda s, o: s._bin(15, o, True)  # noqa: E731
-    __neg__ = lambda s: s._un(1)  # noqa: E731
-    __invert__ = lambda s: s._un(2)  # noqa: E731
-    __abs__ = lambda s: s._un(3)  # noqa: E731
+    __add__ = _binary(1)
+    __radd__ = _binary(1, swap=True)
+    __sub__ = _binary(2)
+    __rsub__ = _binary(2, swap=True)
+    __mul__ = _binary(3)
+    __rmul__ = _binary(3, swap=True)
+    __truediv__ = _binary(4)
+    __rtruediv__ = _binary(4, swap=True)
+    __mod__ = _binary(5)
+    __rmod__ = _binary(5, swap=True)
+    __eq__ = _binary(8)  # type: ignore[assignment]
+    __ne__ = _binary(9)  # type: ignore[assignment]
+    __lt__ = _binary(10)
+    __le__ = _binary(11)
+    __gt__ = _binary(12)
+    __ge__ = _binary(13)
+    __and__ = _binary(14)
+    __rand__ = _binary(14, swap=True)
+    __or__ = _binary(15)
+    __ror__ = _binary(15, swap=True)
+    __neg__ = _unary(1)
+    __invert__ = _unary(2)
+    __abs__ = _unary(3)
 
     def exp(self) -> Expr:
         return self._un(4)
