@@ -4,7 +4,7 @@ temporary store and socket (like tests/common/daemon_process.h), and the import 
 Run by CTest (python_client_test_debian and _pypi), which sets PYTHONPATH, KCACHE_TEST_KCACHED and
 KCACHE_TEST_LAYOUT_PROBE. By hand, from the repository root:
 
-  PYTHONPATH=client/python:build-X/client/python/gen KCACHE_TEST_KCACHED=build-X/bin/kcached \
+  PYTHONPATH=client/python KCACHE_TEST_KCACHED=build-X/bin/kcached \
     /usr/bin/python3 -m pytest -q tests/python
 """
 

@@ -16,13 +16,13 @@ The backward case runs kcache.attention (autograd) and checks O, dQ, dK, dV agai
 float32 torch autograd, and that the record carries the backward entry points.
 Prints one line per case and "N passed, M failed" last; exits 1 on any failure.
 
-  python3 tests/python/gpu_e2e.py --kcached PATH/kcached --pythonpath-gen DIR
-  python3 tests/python/gpu_e2e.py --dry-run [--kcached PATH --pythonpath-gen DIR]
+  python3 tests/python/gpu_e2e.py --kcached PATH/kcached
+  python3 tests/python/gpu_e2e.py --dry-run [--kcached PATH]
 
-DIR holds the generated modules as DIR/kcache/v1/*_pb2*.py (a copy of
-<build>/client/python/gen). kcached needs kcache-compile-worker beside it (or
---daemon-arg=--worker_path=PATH) and NVRTC (/usr/local/cuda/lib64 is added to
-its LD_LIBRARY_PATH). On the GPU machine use the static daemon
+The package, with its protobuf modules, is imported from client/python
+(--pythonpath-gen is accepted and ignored: older recipes pass it). kcached
+needs kcache-compile-worker beside it (or --daemon-arg=--worker_path=PATH) and
+NVRTC (/usr/local/cuda/lib64 is added to its LD_LIBRARY_PATH). On the GPU machine use the static daemon
 (scripts/build-static.sh writes dist/kcached and dist/kcache-compile-worker). --dry-run needs
 no GPU or torch: it parses the arguments, imports the package and the generated
 modules, builds every case's spec and, given --kcached, asks a compile-only
@@ -49,7 +49,7 @@ def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--kcached", help="path to the kcached binary")
     ap.add_argument("--pythonpath-gen", dest="gen", default=None,
-                    help="folder holding kcache/v1/*_pb2.py (default: build*/client/python/gen)")
+                    help="ignored (the package holds its protobuf modules since 0.1)")
     ap.add_argument("--dry-run", action="store_true",
                     help="CPU only: arguments, imports, specs (and compile-only fetches)")
     ap.add_argument("--seed", type=int, default=1)
@@ -66,30 +66,14 @@ def parse_args(argv=None):
     return args
 
 
-def setup_imports(gen):
-    """Puts the package (client/python) and the generated modules on sys.path."""
+def setup_imports(gen=None):
+    """Puts the package (client/python) on sys.path and imports it. `gen` (the old
+    --pythonpath-gen folder) is ignored: the package holds its protobuf modules."""
+    del gen
     sys.path.insert(0, os.path.join(REPO, "client", "python"))
-    if gen is None:
-        for d in sorted(os.listdir(REPO)):
-            cand = os.path.join(REPO, d, "client", "python", "gen")
-            if d.startswith("build") and os.path.isfile(os.path.join(cand, "kcache", "v1",
-                                                                     "spec_pb2.py")):
-                gen = cand
-                break
-    if gen is not None:
-        gen = os.path.abspath(gen)
-        # Accept DIR, DIR/kcache or DIR/kcache/v1.
-        if os.path.isfile(os.path.join(gen, "spec_pb2.py")):
-            gen = os.path.dirname(os.path.dirname(gen))
-        elif os.path.isfile(os.path.join(gen, "v1", "spec_pb2.py")):
-            gen = os.path.dirname(gen)
-        if not os.path.isfile(os.path.join(gen, "kcache", "v1", "spec_pb2.py")):
-            raise SystemExit("--pythonpath-gen: no kcache/v1/spec_pb2.py under %s" % gen)
-        sys.path.insert(1, gen)
-        os.environ["KCACHE_PROTO_PATH"] = gen
     import kcache
     from kcache import _protos
-    _protos.modules()  # raises ImportError saying where it looked
+    _protos.modules()  # raises ImportError naming the missing runtime
     import grpc  # noqa: F401
     return kcache
 

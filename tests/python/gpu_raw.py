@@ -6,7 +6,7 @@ exactly. LLVM IR is tried too: a daemon built without LLVM (the static build car
 GPU machines) answers UNIMPLEMENTED, and that case skips. Skips, saying so, without torch
 or a CUDA device. Not named test_*.py so that python_client_test (no GPU) leaves it out.
 
-  PYTHONPATH=client/python:BUILD/client/python/gen KCACHE_TEST_KCACHED=BUILD/bin/kcached \\
+  PYTHONPATH=client/python KCACHE_TEST_KCACHED=BUILD/bin/kcached \\
     python3 -m pytest -q tests/python/gpu_raw.py
 """
 

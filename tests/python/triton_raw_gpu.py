@@ -16,7 +16,7 @@ attribute dropped) is sent once more, and the rewrites applied are printed. A da
 worker lacks LLVM answers UNIMPLEMENTED, which is reported, not failed. Both IR texts and
 the PTX are written to --out so that they can be compiled elsewhere.
 
-  python3 tests/python/triton_raw_gpu.py --kcached dist/kcached --pythonpath-gen .devcarry/pygen --out DIR
+  python3 tests/python/triton_raw_gpu.py --kcached dist/kcached --out DIR
 """
 
 import argparse
@@ -87,13 +87,11 @@ def entry_params(ptx, name):
 def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--kcached", required=True)
-    ap.add_argument("--pythonpath-gen", required=True)
+    ap.add_argument("--pythonpath-gen", help="ignored (the package holds its protobuf modules)")
     ap.add_argument("--out", default=tempfile.mkdtemp(prefix="triton-raw-"))
     args = ap.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="triton-cache-")
-    # The package (client/python) before the generated modules, whose kcache/ holds only v1/.
-    sys.path.insert(0, os.path.abspath(args.pythonpath_gen))
     sys.path.insert(0, os.path.join(REPO, "client", "python"))
     sys.path.insert(0, HERE)
     sys.path.insert(0, os.path.join(REPO, "tests", "kernels"))

@@ -10,18 +10,15 @@ backward entry points launched in backward()). `raw_kernel` / `fetch_raw_kernel`
 loaded functions / the cubin.
 
 Imports neither torch nor the CUDA driver until they are needed. The wire
-contract's Python modules (kcache/v1/*_pb2.py, generated into the build tree
-by client/python/CMakeLists.txt) are found on sys.path or in the folder named
-by $KCACHE_PROTO_PATH; see kcache._protos.
+contract's Python modules are part of the package (kcache/v1, generated from
+proto/ and committed; client/python/gen_protos.py refreshes them). Every error
+kcache raises derives from KcacheError (kcache.errors has the tree).
 """
 
-from kcache import _protos
-
-_protos.extend_package_path(__path__)
-
-from kcache.errors import (  # noqa: E402
-    CompileError, DeadlineExceeded, KcacheError, InvalidSpec, PermissionDenied,
-    RawKernelsDisabled, Unavailable)
+from kcache._version import __version__
+from kcache.errors import (
+    CompileError, CudaError, DeadlineExceeded, InvalidArgument, InvalidSpec, InvalidType,
+    KcacheError, PermissionDenied, RawKernelsDisabled, Unavailable)
 from kcache.specs import (  # noqa: E402
     Expr, alibi, buffer, causal, document, drafter, expr_mask, maximum, minimum, no_mask,
     score_expr, sliding_window, softcap, spec, where, to_spec)
@@ -43,12 +40,13 @@ def __getattr__(name):
 
 
 __all__ = [
-    "ABI_VERSION", "AttentionParams", "Client", "CompileError", "DeadlineExceeded", "Expr",
-    "InvalidSpec", "KcBuffer", "KcacheError", "KernelResult", "PermissionDenied",
+    "ABI_VERSION", "AttentionParams", "Client", "CompileError", "CudaError", "DeadlineExceeded",
+    "Expr", "InvalidArgument", "InvalidSpec", "InvalidType", "KcBuffer", "KcacheError",
+    "KernelResult", "PermissionDenied",
     "RawKernelsDisabled", "RawModule", "Unavailable", "alibi",
     "arch_for_capability", "attention", "attention_backward", "attention_forward", "b", "buffer", "causal", "default_client",
     "document", "drafter", "expr_mask", "fetch_raw_kernel", "h", "kv_idx", "maximum", "minimum",
     "no_mask", "q_idx", "raw_kernel",
     "score", "score_expr", "sliding_window", "softcap", "spec", "to_spec", "validate_inputs",
-    "where",
+    "where", "__version__",
 ]

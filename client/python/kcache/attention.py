@@ -12,6 +12,7 @@ AttentionParams and launches on torch.cuda.current_stream().
 import contextlib
 import math
 
+from kcache.errors import InvalidArgument, KcacheError
 from kcache.params import MAX_EXPR_BUFFERS, AttentionParams
 
 INT32_MAX = 2**31 - 1
@@ -45,7 +46,7 @@ def _shape(t):
 
 
 def _fail(name, why):
-    raise ValueError("attention_forward: %s: %s" % (name, why))
+    raise InvalidArgument("attention_forward: %s: %s" % (name, why), name)
 
 
 def _check_tensor(name, t, dims, dtypes, device=None):
@@ -90,17 +91,18 @@ def _score_kind(spec):
 def validate_inputs(spec, q, k, v, *, out=None, q_seq_id=None, kv_seq_id=None, anchors=None,
                     keep=None, alibi_slopes=None, buffers=None):
     """Checks [batch, heads, seq, head_dim] views q, k, v (and out, mask inputs) against an
-    AttentionSpec. Raises ValueError naming the input and the reason; returns a Plan."""
+    AttentionSpec. Raises kcache.InvalidArgument (a ValueError) naming the input and the
+    reason; returns a Plan."""
     dtype = _SPEC_DTYPE.get(spec.dtype)
     if dtype is None:
-        raise ValueError("attention_forward: spec.dtype: unset")
+        raise InvalidArgument("attention_forward: spec.dtype: unset")
     dqk = spec.head_dim_qk
     dv = spec.head_dim_v or dqk
     hq = spec.num_q_heads
     hkv = spec.num_kv_heads or hq
     if hq == 0 or hq % hkv:
-        raise ValueError("attention_forward: spec: num_q_heads %d is not a multiple of "
-                         "num_kv_heads %d" % (hq, hkv))
+        raise InvalidArgument("attention_forward: spec: num_q_heads %d is not a multiple of "
+                              "num_kv_heads %d" % (hq, hkv))
     _check_tensor("q", q, 4, (dtype,))
     device = _dev(q)
     if device[0] != "cuda":
@@ -148,7 +150,7 @@ def validate_inputs(spec, q, k, v, *, out=None, q_seq_id=None, kv_seq_id=None, a
     elif mask == "drafter":
         bs = spec.mask.drafter.block_size
         if bs == 0:
-            raise ValueError("attention_forward: spec.mask.drafter.block_size: unset")
+            raise InvalidArgument("attention_forward: spec.mask.drafter.block_size: unset")
         if Lq % bs:
             _fail("q", "q_len %d is not a multiple of the drafter block_size %d" % (Lq, bs))
         if Lkv < Lq:
@@ -170,8 +172,8 @@ def validate_inputs(spec, q, k, v, *, out=None, q_seq_id=None, kv_seq_id=None, a
     decls = list(spec.buffers)
     if decls:
         if len(decls) > MAX_EXPR_BUFFERS:
-            raise ValueError("attention_forward: spec.buffers: %d declared, at most %d"
-                             % (len(decls), MAX_EXPR_BUFFERS))
+            raise InvalidArgument("attention_forward: spec.buffers: %d declared, at most %d"
+                                  % (len(decls), MAX_EXPR_BUFFERS))
         buffers = dict(buffers or {})
         names = {d.name for d in decls}
         for extra in sorted(set(buffers) - names):
@@ -237,7 +239,8 @@ def attention_forward(q, k, v, spec=None, *, lse=False, layout="bhsd", out=None,
     from kcache import cuda
     from kcache.client import default_client
     if layout not in ("bhsd", "bshd"):
-        raise ValueError("attention_forward: layout: %r is not 'bhsd' or 'bshd'" % (layout,))
+        raise InvalidArgument("attention_forward: layout: %r is not 'bhsd' or 'bshd'"
+                              % (layout,), "layout")
     if layout == "bshd":
         q, k, v = (t.permute(0, 2, 1, 3) if t.dim() == 4 else t for t in (q, k, v))
         if out is not None and out.dim() == 4:
@@ -273,8 +276,8 @@ def attention_forward(q, k, v, spec=None, *, lse=False, layout="bhsd", out=None,
         kern = client.load(s, arch, ctx, timeout=timeout)
         fwd_entry, fwd = kern.entry(cuda.ENTRY_ROLE_FORWARD)
         if fwd is None:
-            raise RuntimeError("kcache: record %s has no forward entry point"
-                               % kern.record.key.hex()[:16])
+            raise KcacheError("kcache: record %s has no forward entry point"
+                              % kern.record.key.hex()[:16])
         spec_n = kern.record.spec  # normalized: buffers in launch order (by name)
         p = AttentionParams()
         _fill_qkvo(p, q, k, v, out, lse_t)
@@ -284,8 +287,8 @@ def attention_forward(q, k, v, spec=None, *, lse=False, layout="bhsd", out=None,
         if _mask_kind(spec_n) == "expr":
             mb_entry, mb = kern.entry(cuda.ENTRY_ROLE_MASK_BUILD)
             if mb is None:
-                raise RuntimeError("kcache: record %s has an expression mask but no mask-build "
-                                   "entry point" % kern.record.key.hex()[:16])
+                raise KcacheError("kcache: record %s has an expression mask but no mask-build "
+                                  "entry point" % kern.record.key.hex()[:16])
             mt, nt = -(-Lq // mb_entry.block_m), -(-Lkv // mb_entry.block_n)
             _tile_classes(torch, p, hold, (B, Hq, mt, nt), dev)
             cuda.launch(mb, (mt, Hq, B), mb_entry.threads, mb_entry.dynamic_smem_bytes,

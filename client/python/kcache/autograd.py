@@ -17,6 +17,7 @@ from kcache import cuda
 from kcache.attention import (
     _fill_mask_inputs, _fill_qkvo, _launch_context, _mask_kind, _tile_classes, attention_forward,
     normalize_drafter_inputs, resolve_spec, validate_inputs)
+from kcache.errors import InvalidArgument, KcacheError
 from kcache.params import AttentionParams
 
 _AUX_ROWS = 64  # rows per CTA of preprocess / postprocess when the record gives no block_m
@@ -47,7 +48,7 @@ def backward_spec(spec, deterministic=None):
 
 def backward_launches(record, plan):
     """The backward sequence for a KernelRecord and a Plan (validate_inputs): a list of
-    (role, EntryPoint, grid) in launch order. Raises RuntimeError naming a missing role."""
+    (role, EntryPoint, grid) in launch order. Raises KcacheError naming a missing role."""
     entries = {}
     for e in record.entry_points:
         entries.setdefault(e.role, e)
@@ -55,14 +56,14 @@ def backward_launches(record, plan):
     def need(role):
         e = entries.get(role)
         if e is None:
-            raise RuntimeError(
+            raise KcacheError(
                 "kcache: record %s has no %s entry point (entry points: %s); was the kernel "
                 "built with backward: true?" % (
                     record.key.hex()[:16], _ROLE_NAMES[role],
                     ", ".join(x.name for x in record.entry_points) or "none"))
         if e.threads == 0:
-            raise RuntimeError("kcache: record %s: entry point %s has threads = 0"
-                               % (record.key.hex()[:16], e.name))
+            raise KcacheError("kcache: record %s: entry point %s has threads = 0"
+                              % (record.key.hex()[:16], e.name))
         return e
 
     B, Hq, Hkv, Lq, Lkv = plan.batch, plan.num_q_heads, plan.num_kv_heads, plan.q_len, \
@@ -84,8 +85,8 @@ def backward_launches(record, plan):
     for role, e, grid in out:
         if role in (cuda.ENTRY_ROLE_BACKWARD, cuda.ENTRY_ROLE_BACKWARD_DQ,
                     cuda.ENTRY_ROLE_BACKWARD_MASK_BUILD) and 0 in (e.block_m, e.block_n):
-            raise RuntimeError("kcache: record %s: entry point %s has no tile sizes"
-                               % (record.key.hex()[:16], e.name))
+            raise KcacheError("kcache: record %s: entry point %s has no tile sizes"
+                              % (record.key.hex()[:16], e.name))
     return out
 
 
@@ -112,7 +113,6 @@ def _grad_like(torch, t):
 
 
 def _unimplemented_hint(e):
-    from kcache.errors import KcacheError
     if isinstance(e, KcacheError) and e.code == "UNIMPLEMENTED":
         return KcacheError("kcache.attention: the daemon does not build backward kernels yet "
                            "(UNIMPLEMENTED): %s" % e, "UNIMPLEMENTED")
@@ -131,11 +131,11 @@ def attention_backward(spec, q, k, v, o, lse, dout, *, q_seq_id=None, kv_seq_id=
                            anchors=anchors, keep=keep, alibi_slopes=alibi_slopes,
                            buffers=buffers)
     if tuple(dout.shape) != tuple(o.shape) or dout.dtype != o.dtype:
-        raise ValueError("kcache.attention backward: dO has shape %s %s, O %s %s"
-                         % (list(dout.shape), dout.dtype, list(o.shape), o.dtype))
+        raise InvalidArgument("kcache.attention backward: dO has shape %s %s, O %s %s"
+                              % (list(dout.shape), dout.dtype, list(o.shape), o.dtype))
     if dout.device != o.device:
-        raise ValueError("kcache.attention backward: dO is on %s, O on %s"
-                         % (dout.device, o.device))
+        raise InvalidArgument("kcache.attention backward: dO is on %s, O on %s"
+                              % (dout.device, o.device))
     if not _launchable(dout, 2):
         dout = dout.contiguous()  # e.g. an expanded gradient (stride 0) from a sum()
     dq, dk, dv = _grad_like(torch, q), _grad_like(torch, k), _grad_like(torch, v)
@@ -184,7 +184,7 @@ def attention_backward(spec, q, k, v, o, lse, dout, *, q_seq_id=None, kv_seq_id=
                 _tile_classes(torch, p, hold, (B, Hq, grid[0], _cdiv(Lkv, e.block_n)), dev)
             fn = kern.functions.get(e.name)
             if fn is None:
-                raise RuntimeError("kcache: entry point %s not loaded" % e.name)
+                raise KcacheError("kcache: entry point %s not loaded" % e.name)
             cuda.launch(fn, grid, e.threads, e.dynamic_smem_bytes, stream, p)
     del hold  # allocated on this stream: reused only by work ordered after these launches
     return dq, dk, dv, bgrads
@@ -246,7 +246,8 @@ def attention(q, k, v, spec=None, *, layout="bhsd", deterministic=None, q_seq_id
     (when not None) overrides the spec's choice of a dQ without atomics. Returns O."""
     import torch
     if layout not in ("bhsd", "bshd"):
-        raise ValueError("kcache.attention: layout: %r is not 'bhsd' or 'bshd'" % (layout,))
+        raise InvalidArgument("kcache.attention: layout: %r is not 'bhsd' or 'bshd'" % (layout,),
+                              "layout")
     if layout == "bshd":
         q, k, v = (t.transpose(1, 2) if t.dim() == 4 else t for t in (q, k, v))
     s = backward_spec(resolve_spec(spec, q, k, v, True), deterministic)
@@ -255,12 +256,12 @@ def attention(q, k, v, spec=None, *, layout="bhsd", deterministic=None, q_seq_id
     buffers = dict(buffers or {})
     for n in names:
         if n not in buffers:
-            raise ValueError("kcache.attention: buffers[%r]: declared trainable by the spec, "
-                             "not given" % n)
+            raise InvalidArgument("kcache.attention: buffers[%r]: declared trainable by the "
+                                  "spec, not given" % n, "buffers")
         t = buffers[n]
         if t.dtype != torch.float32:
-            raise ValueError("kcache.attention: buffers[%r]: a trainable buffer is float32, "
-                             "got %s" % (n, t.dtype))
+            raise InvalidArgument("kcache.attention: buffers[%r]: a trainable buffer is "
+                                  "float32, got %s" % (n, t.dtype), "buffers")
     # Trainable buffers go through the Function (contiguous: their gradients share the
     # buffer's strides); the others ride along in meta.
     trainable = [buffers.pop(n).contiguous() for n in names]

@@ -9,7 +9,8 @@ context once per (key, context) (Client.load). The client never compiles.
 While the daemon is unavailable (not started yet, restarting) a call retries
 with exponential backoff, within its deadline. Errors are kcache.errors:
 InvalidSpec (a ValueError naming the field), CompileError (with the log),
-Unavailable ("no kcache daemon at ..."), DeadlineExceeded.
+Unavailable ("no kcache daemon at ..."), DeadlineExceeded; bad arguments to
+the client itself are InvalidArgument (a ValueError).
 
 Raw kernels (get_raw_kernel, load_raw; kcache.raw has the friendlier functions) are
 fetched the same way, with the daemon's admin token (admin_token or admin_token_path
@@ -20,18 +21,25 @@ Ownership: loaded modules live until close() (unloaded then, in their own
 contexts; close the client before destroying those contexts).
 """
 
+from __future__ import annotations
+
 import os
 import re
 import threading
 import time
+from typing import TYPE_CHECKING, Any, Dict, Optional, Tuple
 
 from kcache import _protos, errors
-from kcache.specs import to_spec
+from kcache.specs import SpecLike, to_spec
+
+if TYPE_CHECKING:  # annotations only; the modules load on first use
+    from kcache.cuda import LoadedKernel
+    from kcache.v1 import record_pb2, service_pb2, spec_pb2
 
 DEFAULT_TARGET = "unix:.kcache/kcached.sock"
 
 
-def arch_for_capability(major, minor):
+def arch_for_capability(major: int, minor: int) -> str:
     """The target a device of this compute capability gets (as client/client.cc picks it):
     the arch-specific variant from 9.0 on ("sm_90a"), since the cubin runs only here."""
     return "sm_%d%d%s" % (major, minor, "a" if major >= 9 else "")
@@ -44,21 +52,21 @@ class KernelResult:
 
     __slots__ = ("record", "cubin", "cache_hit")
 
-    def __init__(self, record, cubin, cache_hit):
+    def __init__(self, record: record_pb2.KernelRecord, cubin: bytes, cache_hit: bool) -> None:
         self.record, self.cubin, self.cache_hit = record, cubin, cache_hit
 
     @property
-    def key(self):
+    def key(self) -> bytes:
         return self.record.key
 
-    def entry(self, role):
+    def entry(self, role: int) -> Optional[record_pb2.EntryPoint]:
         """The first EntryPoint with this role (kcache.v1.EntryRole value), or None."""
         for e in self.record.entry_points:
             if e.role == role:
                 return e
         return None
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return "KernelResult(key=%s, arch=%s, %d bytes, cache_hit=%s, verified=%s)" % (
             self.record.key.hex()[:16], self.record.arch, len(self.cubin), self.cache_hit,
             self.record.verified)
@@ -79,25 +87,29 @@ _FIELD = re.compile(r"^([A-Za-z_][\w.\[\]]*)\s*:")
 
 
 class Client:
-    def __init__(self, target=DEFAULT_TARGET, *, default_timeout=600.0, initial_backoff=0.02,
-                 max_backoff=1.0, max_message_bytes=64 << 20, admin_token=None,
-                 admin_token_path=None):
+    def __init__(self, target: str = DEFAULT_TARGET, *, default_timeout: float = 600.0,
+                 initial_backoff: float = 0.02, max_backoff: float = 1.0,
+                 max_message_bytes: int = 64 << 20, admin_token: Optional[str] = None,
+                 admin_token_path: Optional[str] = None) -> None:
         """`admin_token` (or a file holding it, `admin_token_path`, read here with surrounding
         whitespace stripped as kcached reads its own) is sent with raw-kernel requests only."""
         import grpc
         if not target:
-            raise ValueError("target: empty")
+            raise errors.InvalidArgument("target: empty", "target")
         if admin_token and admin_token_path:
-            raise ValueError("admin_token_path: give admin_token or admin_token_path, not both")
+            raise errors.InvalidArgument(
+                "admin_token_path: give admin_token or admin_token_path, not both",
+                "admin_token_path")
         if admin_token_path:
             try:
                 with open(admin_token_path, "rb") as f:
                     admin_token = f.read().decode().strip()
             except OSError as e:
-                raise ValueError("admin_token_path: cannot read %s: %s"
-                                 % (admin_token_path, e)) from e
+                raise errors.InvalidArgument("admin_token_path: cannot read %s: %s"
+                                             % (admin_token_path, e), "admin_token_path") from e
             if not admin_token:
-                raise ValueError("admin_token_path: %s is empty" % admin_token_path)
+                raise errors.InvalidArgument("admin_token_path: %s is empty" % admin_token_path,
+                                             "admin_token_path")
         self.admin_token = admin_token or None
         self._grpc = grpc
         _, _, self._service_pb2, self._service_grpc = _protos.modules()
@@ -116,13 +128,15 @@ class Client:
         self._stub = self._service_grpc.KernelServiceStub(self._channel)
         self._admin = self._service_grpc.AdminServiceStub(self._channel)
         self._lock = threading.Lock()
-        self._fetches = {}  # deterministic request bytes -> _Flight   (guarded by _lock)
-        self._loads = {}    # (record key, CUcontext) -> _Flight        (guarded by _lock)
+        # deterministic request bytes -> _Flight                        (guarded by _lock)
+        self._fetches: Dict[bytes, _Flight] = {}
+        # (record key, CUcontext) -> _Flight                            (guarded by _lock)
+        self._loads: Dict[Tuple[bytes, int], _Flight] = {}
         self._rpcs = 0      # GetKernel attempts                        (guarded by _lock)
         self._closed = False
 
     # -- lifetime ---------------------------------------------------------
-    def close(self):
+    def close(self) -> None:
         """Unloads every module this client loaded and closes the channel."""
         with self._lock:
             loads, self._loads = list(self._loads.values()), {}
@@ -134,24 +148,25 @@ class Client:
                     cuda.unload(f.value)
         self._channel.close()
 
-    def __enter__(self):
+    def __enter__(self) -> Client:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: Any) -> None:
         self.close()
 
     @property
-    def rpc_count(self):
+    def rpc_count(self) -> int:
         """GetKernel RPCs (attempts) this client has made; for tests and metrics."""
         with self._lock:
             return self._rpcs
 
     # -- fetching ---------------------------------------------------------
-    def _target(self, arch, device, driver_version):
+    def _target(self, arch: Optional[str], device: Optional[int],
+                driver_version: int) -> spec_pb2.Target:
         pb = _protos.modules()[0]
         t = pb.Target()
         if arch is not None and device is not None:
-            raise ValueError("get_kernel: give arch or device, not both")
+            raise errors.InvalidArgument("get_kernel: give arch or device, not both", "arch")
         if arch is not None:
             t.arch = arch
         elif device is not None:
@@ -163,7 +178,9 @@ class Client:
             t.driver_version = int(driver_version)
         return t
 
-    def get_kernel(self, spec, arch=None, device=None, timeout=None, driver_version=0):
+    def get_kernel(self, spec: SpecLike, arch: Optional[str] = None,
+                   device: Optional[int] = None, timeout: Optional[float] = None,
+                   driver_version: int = 0) -> KernelResult:
         """The finished kernel for `spec` (AttentionSpec, JSON text or dict) and a target:
         `arch` ("sm_80", "sm_90a"...), `device` (an ordinal of the daemon's node), or neither
         (this machine's current GPU). Waits up to `timeout` seconds (default_timeout when
@@ -173,8 +190,9 @@ class Client:
         req.target.CopyFrom(self._target(arch, device, driver_version))
         return self._fetch(req, timeout)
 
-    def get_raw_kernel(self, raw, arch=None, device=None, timeout=None, driver_version=0,
-                       token=None):
+    def get_raw_kernel(self, raw: spec_pb2.RawKernel, arch: Optional[str] = None,
+                       device: Optional[int] = None, timeout: Optional[float] = None,
+                       driver_version: int = 0, token: Optional[str] = None) -> KernelResult:
         """The cubin for a raw kernel (a kcache.v1.RawKernel: LLVM IR text or bitcode or PTX,
         and the kernel names to export; kcache.raw.raw_message builds one) and a target as
         for get_kernel. `token` (default: this client's admin token) is sent as
@@ -283,13 +301,15 @@ class Client:
         return errors.KcacheError("kcache: %s: %s" % (code.name, msg), code.name)
 
     # -- loading ----------------------------------------------------------
-    def load(self, spec, arch, context, timeout=None):
+    def load(self, spec: SpecLike, arch: Optional[str], context: int,
+             timeout: Optional[float] = None) -> LoadedKernel:
         """get_kernel, then load the cubin into `context` (a CUcontext, current on this
         thread), once per (key, context). Returns a kcache.cuda.LoadedKernel."""
         from kcache import cuda
         return self._load(self.get_kernel(spec, arch=arch, timeout=timeout), context, cuda.load)
 
-    def load_raw(self, raw, arch, context, timeout=None, token=None):
+    def load_raw(self, raw: spec_pb2.RawKernel, arch: Optional[str], context: int,
+                 timeout: Optional[float] = None, token: Optional[str] = None) -> LoadedKernel:
         """get_raw_kernel, then load the cubin into `context` (current on this thread), once
         per (key, context). Returns a kcache.cuda.LoadedKernel whose functions are by kernel
         name."""
@@ -301,7 +321,7 @@ class Client:
         memo = (result.record.key, int(context))
         with self._lock:
             if self._closed:
-                raise RuntimeError("kcache.Client: closed")
+                raise errors.KcacheError("kcache.Client: closed", "FAILED_PRECONDITION")
             flight = self._loads.get(memo)
             leader = flight is None
             if leader:
@@ -322,7 +342,7 @@ class Client:
         return flight.value
 
     # -- admin ------------------------------------------------------------
-    def stats(self, timeout=30.0):
+    def stats(self, timeout: float = 30.0) -> service_pb2.StatsResponse:
         """The daemon's AdminService.Stats (kcache.v1.StatsResponse)."""
         try:
             return self._admin.Stats(self._service_pb2.StatsRequest(), timeout=timeout)
@@ -330,11 +350,11 @@ class Client:
             raise self._error(e) from None
 
 
-_default = None
+_default: Optional[Client] = None
 _default_lock = threading.Lock()
 
 
-def default_client():
+def default_client() -> Client:
     """A process-wide Client for $KCACHE_TARGET (default unix:.kcache/kcached.sock), with the
     admin token (raw kernels only) from the file $KCACHE_ADMIN_TOKEN_PATH when set."""
     global _default

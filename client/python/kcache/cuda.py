@@ -3,13 +3,25 @@ module loading and launches. Only GPU paths import this module.
 
 Thread-safety: the driver calls are thread-safe; this module keeps no
 mutable state besides the loaded library and a cache of primary contexts.
+
+Errors: a failed driver call, a missing driver or a kernel of another launch ABI is
+kcache.CudaError (check() is the one adapter from CUresult); arguments that do not fit
+a kernel are kcache.InvalidArgument (a ValueError).
 """
+
+from __future__ import annotations
 
 import contextlib
 import ctypes
 import threading
+from typing import (TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union,
+                    cast)
 
+from kcache.errors import CudaError, InvalidArgument
 from kcache.params import AttentionParams, check_record_abi
+
+if TYPE_CHECKING:  # for the annotations only: kcache.client imports this module lazily
+    from kcache.client import KernelResult
 
 CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
 CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75
@@ -25,7 +37,7 @@ ENTRY_ROLE_BACKWARD_MASK_BUILD = 7    # tile classes with the backward's tiles
 
 _lib = None
 _lib_lock = threading.Lock()
-_primary = {}  # device ordinal -> retained primary CUcontext (never released)
+_primary: Dict[int, int] = {}  # device ordinal -> retained primary CUcontext (never released)
 
 _vp = ctypes.c_void_p
 _PROTOS = {
@@ -51,11 +63,7 @@ _PROTOS = {
 }
 
 
-class CudaError(RuntimeError):
-    pass
-
-
-def lib():
+def lib() -> ctypes.CDLL:
     global _lib
     with _lib_lock:
         if _lib is None:
@@ -74,15 +82,17 @@ def lib():
         return _lib
 
 
-def check(r, what):
+def check(r: int, what: str) -> None:
+    """Raises CudaError (with the CUresult and the driver's name for it) unless r is 0."""
     if r != 0:
         s = ctypes.c_char_p()
+        assert _lib is not None  # r came from a call through it
         _lib.cuGetErrorString(r, ctypes.byref(s))
         raise CudaError("%s failed: CUDA error %d (%s)" % (
-            what, r, s.value.decode() if s.value else "?"))
+            what, r, s.value.decode() if s.value else "?"), r)
 
 
-def device_capability(ordinal):
+def device_capability(ordinal: int) -> Tuple[int, int]:
     cu = lib()
     dev, major, minor = ctypes.c_int(), ctypes.c_int(), ctypes.c_int()
     check(cu.cuDeviceGet(ctypes.byref(dev), ordinal), "cuDeviceGet")
@@ -95,7 +105,7 @@ def device_capability(ordinal):
     return major.value, minor.value
 
 
-def local_arch():
+def local_arch() -> str:
     """The target arch of the current context's device (else device 0)."""
     from kcache.client import arch_for_capability
     cu = lib()
@@ -109,7 +119,7 @@ def local_arch():
 
 
 @contextlib.contextmanager
-def device_context(ordinal):
+def device_context(ordinal: int) -> Iterator[int]:
     """Yields a CUcontext (int) for device `ordinal`, current on this thread: the one already
     current when it belongs to that device (torch makes the primary context current),
     else the device's primary context, pushed for the duration and popped after."""
@@ -120,7 +130,7 @@ def device_context(ordinal):
         d = ctypes.c_int()
         check(cu.cuCtxGetDevice(ctypes.byref(d)), "cuCtxGetDevice")
         if d.value == ordinal:
-            yield ctx.value
+            yield int(ctx.value)
             return
     with _lib_lock:
         prim = _primary.get(ordinal)
@@ -129,7 +139,7 @@ def device_context(ordinal):
         check(cu.cuDeviceGet(ctypes.byref(dev), ordinal), "cuDeviceGet")
         check(cu.cuDevicePrimaryCtxRetain(ctypes.byref(p), dev.value), "cuDevicePrimaryCtxRetain")
         with _lib_lock:
-            prim = _primary.setdefault(ordinal, p.value)
+            prim = _primary.setdefault(ordinal, cast(int, p.value))
     check(cu.cuCtxPushCurrent_v2(prim), "cuCtxPushCurrent")
     try:
         yield prim
@@ -141,14 +151,15 @@ class LoadedKernel:
     """A kernel's module in one CUDA context: its functions by entry-point name, each with
     its dynamic shared memory limit raised to what the record says."""
 
-    def __init__(self, result, context, module, functions):
+    def __init__(self, result: KernelResult, context: int, module: int,
+                 functions: Dict[str, int]) -> None:
         self.result = result
         self.record = result.record
         self.context = context
         self.module = module
         self.functions = functions  # name -> CUfunction (int)
 
-    def entry(self, role):
+    def entry(self, role: int) -> Tuple[Any, Optional[int]]:
         """(EntryPoint, CUfunction) of the first entry with this role, or (None, None)."""
         for e in self.record.entry_points:
             if e.role == role:
@@ -156,25 +167,25 @@ class LoadedKernel:
         return None, None
 
 
-def load(result, context):
+def load(result: KernelResult, context: int) -> LoadedKernel:
     """Loads an attention KernelResult's cubin into `context` (current on this thread)."""
     check_record_abi(result.record)
     return _load(result, context, attention=True)
 
 
-def load_raw(result, context):
+def load_raw(result: KernelResult, context: int) -> LoadedKernel:
     """Loads a raw kernel's KernelResult (no launch ABI of ours) into `context`."""
     return _load(result, context, attention=False)
 
 
-def _load(result, context, attention):
+def _load(result: KernelResult, context: int, attention: bool) -> LoadedKernel:
     cu = lib()
     # The cubin must stay valid only for the call; the driver copies it.
     image = ctypes.create_string_buffer(result.cubin, len(result.cubin))
     mod = _vp()
     check(cu.cuModuleLoadData(ctypes.byref(mod), image), "cuModuleLoadData")
     try:
-        functions = {}
+        functions: Dict[str, int] = {}
         for e in result.record.entry_points:
             fn = _vp()
             check(cu.cuModuleGetFunction(ctypes.byref(fn), mod, e.name.encode()),
@@ -186,11 +197,11 @@ def _load(result, context, attention):
                       % e.dynamic_smem_bytes)
             if attention:
                 _check_param_size(cu, fn, e.name)
-            functions[e.name] = fn.value
+            functions[e.name] = cast(int, fn.value)
     except BaseException:
         cu.cuModuleUnload(mod)
         raise
-    return LoadedKernel(result, context, mod.value, functions)
+    return LoadedKernel(result, context, cast(int, mod.value), functions)
 
 
 def _check_param_size(cu, fn, name):
@@ -207,7 +218,7 @@ def _check_param_size(cu, fn, name):
                                                    ctypes.sizeof(AttentionParams)))
 
 
-def unload(loaded):
+def unload(loaded: LoadedKernel) -> None:
     """Unloads a LoadedKernel's module in its own context (best effort)."""
     cu = lib()
     if cu.cuCtxPushCurrent_v2(loaded.context) == 0:
@@ -215,21 +226,22 @@ def unload(loaded):
         cu.cuCtxPopCurrent_v2(ctypes.byref(_vp()))
 
 
-def launch(function, grid, threads, smem, stream, params):
+def launch(function: int, grid: Sequence[int], threads: int, smem: int, stream: int,
+           params: AttentionParams) -> None:
     """cuLaunchKernel(function) with one argument, `params` (an AttentionParams) by value."""
     arg = (_vp * 1)(ctypes.cast(ctypes.pointer(params), _vp))
     check(lib().cuLaunchKernel(function, grid[0], grid[1], grid[2], threads, 1, 1, smem, stream,
                                arg, None), "cuLaunchKernel")
 
 
-def param_sizes(function):
+def param_sizes(function: int) -> Optional[List[int]]:
     """The byte size of each of a CUfunction's parameters (cuFuncGetParamInfo, driver >=
     12.4), or None where the driver cannot say."""
     cu = lib()
     f = getattr(cu, "cuFuncGetParamInfo", None)
     if f is None:
         return None
-    sizes = []
+    sizes: List[int] = []
     off, size = ctypes.c_size_t(), ctypes.c_size_t()
     while f(function, len(sizes), ctypes.byref(off), ctypes.byref(size)) == 0:
         sizes.append(size.value)
@@ -238,20 +250,20 @@ def param_sizes(function):
     return sizes
 
 
-def pack_args(name, args, sizes):
+def pack_args(name: str, args: Sequence[Any], sizes: Optional[Sequence[int]]) -> List[Any]:
     """ctypes values for a kernel's arguments. ctypes instances pass as they are; without
     them the parameter sizes (param_sizes) decide: torch tensors (anything with data_ptr())
     and None are 8-byte pointers, ints are 4- or 8-byte integers, floats are float or
-    double. ValueError naming the argument when they do not fit."""
+    double. InvalidArgument (a ValueError) naming the argument when they do not fit."""
     if sizes is not None and len(args) != len(sizes):
-        raise ValueError("%s takes %d arguments, got %d" % (name, len(sizes), len(args)))
+        raise InvalidArgument("%s takes %d arguments, got %d" % (name, len(sizes), len(args)))
     out = []
     for i, a in enumerate(args):
         size = None if sizes is None else sizes[i]
         if isinstance(a, ctypes._SimpleCData) or isinstance(a, ctypes.Structure):
             if size is not None and ctypes.sizeof(a) != size:
-                raise ValueError("%s argument %d: a %d-byte %s for a %d-byte parameter"
-                                 % (name, i, ctypes.sizeof(a), type(a).__name__, size))
+                raise InvalidArgument("%s argument %d: a %d-byte %s for a %d-byte parameter"
+                                      % (name, i, ctypes.sizeof(a), type(a).__name__, size))
             out.append(a)
             continue
         if a is None:
@@ -259,34 +271,35 @@ def pack_args(name, args, sizes):
         elif hasattr(a, "data_ptr"):
             a = a.data_ptr()
         if size is None:
-            raise ValueError("%s argument %d: give a ctypes value (this driver cannot report "
-                             "parameter sizes)" % (name, i))
+            raise InvalidArgument("%s argument %d: give a ctypes value (this driver cannot report "
+                                  "parameter sizes)" % (name, i))
         if isinstance(a, bool) or not isinstance(a, (int, float)):
-            raise ValueError("%s argument %d: %s is not a pointer, number or ctypes value"
-                             % (name, i, type(a).__name__))
+            raise InvalidArgument("%s argument %d: %s is not a pointer, number or ctypes value"
+                                  % (name, i, type(a).__name__))
         if isinstance(a, float):
             if size not in (4, 8):
-                raise ValueError("%s argument %d: a float for a %d-byte parameter"
-                                 % (name, i, size))
+                raise InvalidArgument("%s argument %d: a float for a %d-byte parameter"
+                                      % (name, i, size))
             out.append(ctypes.c_float(a) if size == 4 else ctypes.c_double(a))
             continue
         types = {4: (ctypes.c_int32, ctypes.c_uint32), 8: (ctypes.c_int64, ctypes.c_uint64),
                  2: (ctypes.c_int16, ctypes.c_uint16), 1: (ctypes.c_int8, ctypes.c_uint8)}
         if size not in types or not -(1 << (8 * size - 1)) <= a < (1 << (8 * size)):
-            raise ValueError("%s argument %d: %d does not fit a %d-byte parameter"
-                             % (name, i, a, size))
+            raise InvalidArgument("%s argument %d: %d does not fit a %d-byte parameter"
+                                  % (name, i, a, size))
         out.append(types[size][0](a) if a < (1 << (8 * size - 1)) else types[size][1](a))
     return out
 
 
-def _dim3(name, what, v):
+def _dim3(name: str, what: str, v: Union[int, Sequence[int]]) -> Tuple[int, ...]:
     v = (v,) if isinstance(v, int) else tuple(v)
     if not 1 <= len(v) <= 3 or any(not isinstance(x, int) or x < 1 for x in v):
-        raise ValueError("%s %s: one to three positive ints, got %r" % (name, what, v))
+        raise InvalidArgument("%s %s: one to three positive ints, got %r" % (name, what, v))
     return v + (1,) * (3 - len(v))
 
 
-def launch_packed(function, grid, block, shared, stream, values):
+def launch_packed(function: int, grid: Sequence[int], block: Sequence[int], shared: int,
+                  stream: int, values: Sequence[Any]) -> None:
     """cuLaunchKernel(function) with `values` (ctypes instances, one per parameter)."""
     argv = (_vp * max(1, len(values)))(
         *[ctypes.cast(ctypes.pointer(v), _vp) for v in values])

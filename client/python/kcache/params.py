@@ -4,10 +4,14 @@ This is the one Python copy of the launch struct; tests/kernels/kc_attn.py
 imports it from here. Its layout is proven against the C++ header by
 tests/python (a C++ program printing offsetof for every field) and by
 kc_attn.check_params_layout (the same through NVRTC). ABI_VERSION must equal
-kcache::kAttentionAbiVersion; a record of another ABI is refused at load.
+kcache::kAttentionAbiVersion; a record of another ABI is refused at load
+(kcache.KcacheError, code FAILED_PRECONDITION).
 """
 
 import ctypes
+from typing import Any, Dict
+
+from kcache.errors import KcacheError
 
 ABI_VERSION = 1
 MAX_EXPR_BUFFERS = 8
@@ -50,22 +54,22 @@ class AttentionParams(ctypes.Structure):
     ]
 
 
-def layout():
+def layout() -> Dict[str, int]:
     """{"sizeof(AttentionParams)": n, "sizeof(KcBuffer)": n, "AttentionParams.<f>": offset,
     "KcBuffer.<f>": offset}: what the layout tests compare with the C++ header."""
     out = {"sizeof(AttentionParams)": ctypes.sizeof(AttentionParams),
            "sizeof(KcBuffer)": ctypes.sizeof(KcBuffer), "kAttentionAbiVersion": ABI_VERSION}
-    for name, _ in AttentionParams._fields_:
-        out["AttentionParams." + name] = getattr(AttentionParams, name).offset
-    for name, _ in KcBuffer._fields_:
-        out["KcBuffer." + name] = getattr(KcBuffer, name).offset
+    for f in AttentionParams._fields_:
+        out["AttentionParams." + f[0]] = getattr(AttentionParams, f[0]).offset
+    for f in KcBuffer._fields_:
+        out["KcBuffer." + f[0]] = getattr(KcBuffer, f[0]).offset
     return out
 
 
-def check_record_abi(record):
+def check_record_abi(record: Any) -> None:
     """Raises unless the record's launch ABI is the one this mirror lays out."""
     if record.abi_version != ABI_VERSION:
-        raise RuntimeError(
+        raise KcacheError(
             "kernel %s uses launch-parameter ABI %d; this kcache package lays out ABI %d "
             "(kernels/attention_params.h): upgrade the package or the daemon"
-            % (record.key.hex()[:16], record.abi_version, ABI_VERSION))
+            % (record.key.hex()[:16], record.abi_version, ABI_VERSION), "FAILED_PRECONDITION")

@@ -11,10 +11,26 @@ Expressions are typed trees (Expr) built with Python operators; `&`, `|`,
 expression reads are declared in the spec automatically. Everything here is
 data for the daemon's compiler: no text from the caller reaches CUDA source.
 `to_spec` also accepts an AttentionSpec message, a JSON string or a dict in
-protobuf's JSON mapping.
+protobuf's JSON mapping. Refused values raise kcache.InvalidArgument (a
+ValueError) or kcache.InvalidType (a TypeError).
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable, Dict, Mapping, Optional, Tuple, Union
+
 from kcache import _protos
+from kcache.errors import InvalidArgument, InvalidType
+
+if TYPE_CHECKING:  # annotations only; the modules load on first use
+    from kcache.v1 import spec_pb2
+
+# What to_spec (and every function taking a spec) accepts.
+SpecLike = Union["spec_pb2.AttentionSpec", str, bytes, Mapping[str, Any]]
+# An Expr, or a Python constant that becomes one.
+ExprLike = Union["Expr", bool, int, float]
+# {buffer name: (element type "int32" / "float32" / "bool", rank)}
+BufferDecls = Dict[str, Tuple[str, int]]
 
 _DTYPES = {"bf16": 1, "bfloat16": 1, "fp16": 2, "float16": 2, "half": 2}
 _ELEM = {"int32": 1, "float32": 2, "float": 2, "bool": 3}
@@ -27,24 +43,25 @@ def _pb():
 # ---------------------------------------------------------------------------
 # Masks and score modifications
 # ---------------------------------------------------------------------------
-def _alignment(bottom_right):
+def _alignment(bottom_right: bool) -> int:
     return 2 if bottom_right else 1
 
 
-def no_mask():
+def no_mask() -> spec_pb2.MaskSpec:
     m = _pb().MaskSpec()
     m.none.SetInParent()
     return m
 
 
-def causal(bottom_right=False):
+def causal(bottom_right: bool = False) -> spec_pb2.MaskSpec:
     """q_idx >= kv_idx (top-left), or aligned to the bottom-right corner."""
     m = _pb().MaskSpec()
     m.causal.alignment = _alignment(bottom_right)
     return m
 
 
-def sliding_window(left, right=0, bottom_right=False):
+def sliding_window(left: int, right: int = 0, bottom_right: bool = False
+                   ) -> spec_pb2.MaskSpec:
     """Visible when -left <= kv_idx - q_idx <= right; a negative extent is unbounded."""
     m = _pb().MaskSpec()
     m.sliding_window.left = int(left)
@@ -53,14 +70,15 @@ def sliding_window(left, right=0, bottom_right=False):
     return m
 
 
-def document(causal=False):
+def document(causal: bool = False) -> spec_pb2.MaskSpec:
     """Packed sequences: q_seq_id / kv_seq_id (int32) are given at launch."""
     m = _pb().MaskSpec()
     m.document.causal = bool(causal)
     return m
 
 
-def drafter(block_size, causal_within_block=False, context_window=0):
+def drafter(block_size: int, causal_within_block: bool = False,
+            context_window: int = 0) -> spec_pb2.MaskSpec:
     """Block-diffusion drafter mask; anchors (and optional keep) are given at launch."""
     m = _pb().MaskSpec()
     m.drafter.block_size = int(block_size)
@@ -69,7 +87,7 @@ def drafter(block_size, causal_within_block=False, context_window=0):
     return m
 
 
-def expr_mask(predicate):
+def expr_mask(predicate: ExprLike) -> _Tagged:
     """An arbitrary boolean Expr over b, h, q_idx, kv_idx and named buffers."""
     e = _as_expr(predicate)
     m = _pb().MaskSpec()
@@ -77,21 +95,21 @@ def expr_mask(predicate):
     return _Tagged(m, e.buffers)
 
 
-def softcap(cap):
+def softcap(cap: float) -> spec_pb2.ScoreMod:
     """s -> cap * tanh(s / cap)."""
     s = _pb().ScoreMod()
     s.softcap.cap = float(cap)
     return s
 
 
-def alibi():
+def alibi() -> spec_pb2.ScoreMod:
     """s -> s + slope[h] * (kv_idx - q_idx); slopes given at launch."""
     s = _pb().ScoreMod()
     s.alibi.SetInParent()
     return s
 
 
-def score_expr(value):
+def score_expr(value: ExprLike) -> _Tagged:
     """A float Expr of the score (kcache.score) and the indices."""
     e = _as_expr(value)
     s = _pb().ScoreMod()
@@ -102,7 +120,7 @@ def score_expr(value):
 class _Tagged:
     """A MaskSpec/ScoreMod with the buffer declarations its expression needs."""
 
-    def __init__(self, msg, buffers):
+    def __init__(self, msg: Any, buffers: Mapping[str, Tuple[str, int]]) -> None:
         self.msg = msg
         self.buffers = dict(buffers)
 
@@ -110,16 +128,30 @@ class _Tagged:
 # ---------------------------------------------------------------------------
 # Expressions
 # ---------------------------------------------------------------------------
+def _binary(op: int, swap: bool = False) -> Callable[[Expr, ExprLike], Expr]:
+    """An Expr operator method building BinaryExpr `op` (operands swapped for __r*__)."""
+    def method(self: Expr, other: ExprLike) -> Expr:
+        return self._bin(op, other, swap)
+    return method
+
+
+def _unary(op: int) -> Callable[[Expr], Expr]:
+    def method(self: Expr) -> Expr:
+        return self._un(op)
+    return method
+
+
 class Expr:
     """A typed expression node (kcache.v1.Expr) plus the buffers it reads."""
 
-    __hash__ = None  # == builds an expression
+    __hash__ = None  # type: ignore[assignment]  # == builds an expression
 
-    def __init__(self, proto, buffers=None):
+    def __init__(self, proto: spec_pb2.Expr,
+                 buffers: Optional[Mapping[str, Tuple[str, int]]] = None) -> None:
         self.proto = proto
         self.buffers = dict(buffers or {})  # name -> (elem type, rank)
 
-    def _bin(self, op, other, swap=False):
+    def _bin(self, op: int, other: ExprLike, swap: bool = False) -> Expr:
         o = _as_expr(other)
         lhs, rhs = (o, self) if swap else (self, o)
         e = _pb().Expr()
@@ -128,60 +160,61 @@ class Expr:
         e.binary.rhs.CopyFrom(rhs.proto)
         return Expr(e, _merge(lhs.buffers, rhs.buffers))
 
-    def _un(self, op):
+    def _un(self, op: int) -> Expr:
         e = _pb().Expr()
         e.unary.op = op
         e.unary.arg.CopyFrom(self.proto)
         return Expr(e, self.buffers)
 
-    __add__ = lambda s, o: s._bin(1, o)  # noqa: E731
-    __radd__ = lambda s, o: s._bin(1, o, True)  # noqa: E731
-    __sub__ = lambda s, o: s._bin(2, o)  # noqa: E731
-    __rsub__ = lambda s, o: s._bin(2, o, True)  # noqa: E731
-    __mul__ = lambda s, o: s._bin(3, o)  # noqa: E731
-    __rmul__ = lambda s, o: s._bin(3, o, True)  # noqa: E731
-    __truediv__ = lambda s, o: s._bin(4, o)  # noqa: E731
-    __rtruediv__ = lambda s, o: s._bin(4, o, True)  # noqa: E731
-    __mod__ = lambda s, o: s._bin(5, o)  # noqa: E731
-    __rmod__ = lambda s, o: s._bin(5, o, True)  # noqa: E731
-    __eq__ = lambda s, o: s._bin(8, o)  # noqa: E731
-    __ne__ = lambda s, o: s._bin(9, o)  # noqa: E731
-    __lt__ = lambda s, o: s._bin(10, o)  # noqa: E731
-    __le__ = lambda s, o: s._bin(11, o)  # noqa: E731
-    __gt__ = lambda s, o: s._bin(12, o)  # noqa: E731
-    __ge__ = lambda s, o: s._bin(13, o)  # noqa: E731
-    __and__ = lambda s, o: s._bin(14, o)  # noqa: E731
-    __rand__ = lambda s, o: s._bin(14, o, True)  # noqa: E731
-    __or__ = lambda s, o: s._bin(15, o)  # noqa: E731
-    __ror__ = lambda s, o: s._bin(15, o, True)  # noqa: E731
-    __neg__ = lambda s: s._un(1)  # noqa: E731
-    __invert__ = lambda s: s._un(2)  # noqa: E731
-    __abs__ = lambda s: s._un(3)  # noqa: E731
+    __add__ = _binary(1)
+    __radd__ = _binary(1, swap=True)
+    __sub__ = _binary(2)
+    __rsub__ = _binary(2, swap=True)
+    __mul__ = _binary(3)
+    __rmul__ = _binary(3, swap=True)
+    __truediv__ = _binary(4)
+    __rtruediv__ = _binary(4, swap=True)
+    __mod__ = _binary(5)
+    __rmod__ = _binary(5, swap=True)
+    __eq__ = _binary(8)  # type: ignore[assignment]
+    __ne__ = _binary(9)  # type: ignore[assignment]
+    __lt__ = _binary(10)
+    __le__ = _binary(11)
+    __gt__ = _binary(12)
+    __ge__ = _binary(13)
+    __and__ = _binary(14)
+    __rand__ = _binary(14, swap=True)
+    __or__ = _binary(15)
+    __ror__ = _binary(15, swap=True)
+    __neg__ = _unary(1)
+    __invert__ = _unary(2)
+    __abs__ = _unary(3)
 
-    def exp(self):
+    def exp(self) -> Expr:
         return self._un(4)
 
-    def tanh(self):
+    def tanh(self) -> Expr:
         return self._un(5)
 
-    def to_float(self):
+    def to_float(self) -> Expr:
         return self._un(6)
 
-    def __bool__(self):
-        raise TypeError("a kcache.Expr has no truth value: use & | ~ instead of and/or/not, "
-                        "and no chained comparisons")
+    def __bool__(self) -> bool:
+        raise InvalidType("a kcache.Expr has no truth value: use & | ~ instead of and/or/not, "
+                          "and no chained comparisons")
 
 
-def _merge(a, b):
+def _merge(a: Mapping[str, Tuple[str, int]], b: Mapping[str, Tuple[str, int]]) -> BufferDecls:
     out = dict(a)
     for name, decl in b.items():
         if name in out and out[name] != decl:
-            raise ValueError("buffer %r used as %s and as %s" % (name, out[name], decl))
+            raise InvalidArgument("buffer %r used as %s and as %s" % (name, out[name], decl),
+                                  name)
         out[name] = decl
     return out
 
 
-def _as_expr(x):
+def _as_expr(x: ExprLike) -> Expr:
     if isinstance(x, Expr):
         return x
     e = _pb().Expr()
@@ -189,16 +222,16 @@ def _as_expr(x):
         e.bool_const = x
     elif isinstance(x, int):
         if not -2**31 <= x < 2**31:
-            raise ValueError("int constant %d outside int32" % x)
+            raise InvalidArgument("int constant %d outside int32" % x)
         e.int_const = x
     elif isinstance(x, float):
         e.float_const = x
     else:
-        raise TypeError("cannot use %r in a kcache expression" % (x,))
+        raise InvalidType("cannot use %r in a kcache expression" % (x,))
     return Expr(e)
 
 
-def _index(v):
+def _index(v: int) -> Expr:
     e = _pb().Expr()
     e.index = v
     return Expr(e)
@@ -214,7 +247,7 @@ class _Lazy:
         return self._make()
 
 
-def where(cond, if_true, if_false):
+def where(cond: ExprLike, if_true: ExprLike, if_false: ExprLike) -> Expr:
     c, t, f = _as_expr(cond), _as_expr(if_true), _as_expr(if_false)
     e = _pb().Expr()
     e.select.cond.CopyFrom(c.proto)
@@ -223,11 +256,11 @@ def where(cond, if_true, if_false):
     return Expr(e, _merge(_merge(c.buffers, t.buffers), f.buffers))
 
 
-def minimum(a, b_):
+def minimum(a: ExprLike, b_: ExprLike) -> Expr:
     return _as_expr(a)._bin(6, b_)
 
 
-def maximum(a, b_):
+def maximum(a: ExprLike, b_: ExprLike) -> Expr:
     return _as_expr(a)._bin(7, b_)
 
 
@@ -237,16 +270,17 @@ class buffer:  # noqa: N801 (reads like a function at the call site)
     rank defaults to 1; indexing with fewer or more indices than the rank is
     an error. The tensor is passed to attention_forward(buffers={name: t})."""
 
-    def __init__(self, name, dtype="int32", rank=1):
+    def __init__(self, name: str, dtype: str = "int32", rank: int = 1) -> None:
         if dtype not in _ELEM:
-            raise ValueError("buffer %r: dtype must be one of %s" % (name, sorted(_ELEM)))
+            raise InvalidArgument("buffer %r: dtype must be one of %s" % (name, sorted(_ELEM)),
+                                  "dtype")
         self.name, self.dtype, self.rank = name, dtype, int(rank)
 
-    def __getitem__(self, idx):
+    def __getitem__(self, idx: Union[ExprLike, Tuple[ExprLike, ...]]) -> Expr:
         idx = idx if isinstance(idx, tuple) else (idx,)
         if len(idx) != self.rank:
-            raise ValueError("buffer %r has rank %d, indexed with %d" % (self.name, self.rank,
-                                                                         len(idx)))
+            raise InvalidArgument("buffer %r has rank %d, indexed with %d"
+                                  % (self.name, self.rank, len(idx)), self.name)
         e = _pb().Expr()
         e.read.buffer = self.name
         bufs = {self.name: (self.dtype, self.rank)}
@@ -257,7 +291,7 @@ class buffer:  # noqa: N801 (reads like a function at the call site)
         return Expr(e, bufs)
 
 
-def _score():
+def _score() -> Expr:
     e = _pb().Expr()
     e.score = True
     return Expr(e)
@@ -271,7 +305,7 @@ class _Vars:
     score = _Lazy(_score)
 
 
-def __getattr__(name):  # module attributes b, h, q_idx, kv_idx, score
+def __getattr__(name: str) -> Expr:  # module attributes b, h, q_idx, kv_idx, score
     if name in ("b", "h", "q_idx", "kv_idx", "score"):
         return getattr(_Vars, name)
     raise AttributeError(name)
@@ -280,9 +314,14 @@ def __getattr__(name):  # module attributes b, h, q_idx, kv_idx, score
 # ---------------------------------------------------------------------------
 # The spec
 # ---------------------------------------------------------------------------
-def spec(dtype="bf16", head_dim=128, q_heads=None, kv_heads=None, *, head_dim_v=None, mask=None,
-         score_mod=None, softmax_scale=None, buffers=None, return_lse=False, backward=False,
-         deterministic=False, tuning=None):
+def spec(dtype: str = "bf16", head_dim: int = 128, q_heads: Optional[int] = None,
+         kv_heads: Optional[int] = None, *, head_dim_v: Optional[int] = None,
+         mask: Union[spec_pb2.MaskSpec, _Tagged, None] = None,
+         score_mod: Union[spec_pb2.ScoreMod, _Tagged, None] = None,
+         softmax_scale: Optional[float] = None,
+         buffers: Optional[Mapping[str, Tuple[str, int]]] = None, return_lse: bool = False,
+         backward: bool = False, deterministic: bool = False,
+         tuning: Optional[Mapping[str, int]] = None) -> spec_pb2.AttentionSpec:
     """A kcache.v1.AttentionSpec. mask / score_mod: from the helpers above (or the messages).
 
     buffers: extra {name: (dtype, rank)} declarations; those read by
@@ -290,9 +329,9 @@ def spec(dtype="bf16", head_dim=128, q_heads=None, kv_heads=None, *, head_dim_v=
     num_warps, stages."""
     pb = _pb()
     if dtype not in _DTYPES:
-        raise ValueError("dtype: %r is not one of %s" % (dtype, sorted(_DTYPES)))
+        raise InvalidArgument("dtype: %r is not one of %s" % (dtype, sorted(_DTYPES)), "dtype")
     if q_heads is None:
-        raise ValueError("q_heads: required")
+        raise InvalidArgument("q_heads: required", "q_heads")
     s = pb.AttentionSpec()
     s.dtype = _DTYPES[dtype]
     s.head_dim_qk = int(head_dim)
@@ -322,7 +361,7 @@ def spec(dtype="bf16", head_dim=128, q_heads=None, kv_heads=None, *, head_dim_v=
     return s
 
 
-def to_spec(x):
+def to_spec(x: SpecLike) -> spec_pb2.AttentionSpec:
     """An AttentionSpec from a message, a JSON string, or a dict (protobuf JSON mapping)."""
     pb = _pb()
     from google.protobuf import json_format
@@ -332,11 +371,11 @@ def to_spec(x):
         try:
             return json_format.Parse(x, pb.AttentionSpec())
         except json_format.ParseError as e:
-            raise ValueError("spec JSON: %s" % e) from e
+            raise InvalidArgument("spec JSON: %s" % e, "spec") from e
     if isinstance(x, dict):
         try:
             return json_format.ParseDict(x, pb.AttentionSpec())
         except json_format.ParseError as e:
-            raise ValueError("spec JSON: %s" % e) from e
-    raise TypeError("spec: expected kcache.v1.AttentionSpec, JSON text or dict, got %s" %
-                    type(x).__name__)
+            raise InvalidArgument("spec JSON: %s" % e, "spec") from e
+    raise InvalidType("spec: expected kcache.v1.AttentionSpec, JSON text or dict, got %s" %
+                      type(x).__name__)
