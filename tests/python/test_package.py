@@ -131,6 +131,9 @@ def test_version_is_written_once():
         toml = f.read()
     assert 'dynamic = ["version"]' in toml
     assert 'version = {attr = "kcache._version.__version__"}' in toml
+    # The C++ build reads the repository's VERSION file: one version for both.
+    with open(os.path.join(REPO, "VERSION")) as f:
+        assert f.read().strip() == kcache.__version__
 
 
 def _modules():

@@ -1,3 +1,4 @@
-"""The package version: the one place it is written (pyproject.toml reads it from here)."""
+"""The package version (pyproject.toml reads it from here); the same as the
+repository's VERSION file, which tests/python/test_package.py checks."""
 
-__version__ = "0.1.0"
+__version__ = "0.5.0"
