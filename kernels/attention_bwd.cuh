@@ -99,6 +99,12 @@ constexpr int kList = kAttnBwdMaxList;
 #error "KC_BWD_WGMMA needs sm_90a and head dims the wgmma helpers support"
 #endif
 constexpr bool kWg = KC_BWD_WGMMA;
+// kWg without a score modification: the step's elementwise work split around
+// the dP and dV wgmmas (KC_BWD_WG_SPLIT=0: the plain synchronous order).
+#ifndef KC_BWD_WG_SPLIT
+#define KC_BWD_WG_SPLIT 1
+#endif
+constexpr bool kWgSplit = kWg && KC_BWD_WG_SPLIT && KC_SCORE_MOD == KC_SCORE_NONE;
 static_assert(!kWg || (kNW == 8 && kBN == 128 && kBM == 64), "KC_BWD_WGMMA: 64 x 128 x 8w");
 
 constexpr float kScale = KC_SOFTMAX_SCALE;
@@ -1049,6 +1055,80 @@ extern "C" __global__ void __launch_bounds__(KC_BWD_NUM_WARPS * 32, 256 / (KC_BW
     fence_regs(s);
     fence_regs(dp);
   };
+  // The same, not waited: S^T and dP^T as two commit groups (kWgSplit).
+  auto wg_sdp_issue = [&](float (&s)[kNT][4], float (&dp)[kNT][4], unsigned q_s, unsigned o_s) {
+    const unsigned long long dk0 = smem_desc(sK + wg * (64 * 128), 16, 1024);
+    const unsigned long long dq0 = smem_desc(q_s, 16, 1024);
+    const unsigned long long dv0 = smem_desc(sV + wg * (64 * 128), 16, 1024);
+    const unsigned long long do0 = smem_desc(o_s, 16, 1024);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kKQ; ++kk) {
+      wgmma_ss(s, dk0 + ((((kk >> 2) * kBN * 128) + (kk & 3) * 32) >> 4),
+               dq0 + ((((kk >> 2) * kBM * 128) + (kk & 3) * 32) >> 4), kk > 0 ? 1 : 0);
+    }
+    wgmma_commit();
+#pragma unroll
+    for (int kk = 0; kk < kKV; ++kk) {
+      wgmma_ss(dp, dv0 + ((((kk >> 2) * kBN * 128) + (kk & 3) * 32) >> 4),
+               do0 + ((((kk >> 2) * kBM * 128) + (kk & 3) * 32) >> 4), kk > 0 ? 1 : 0);
+    }
+    wgmma_commit();
+  };
+#endif
+
+#if KC_BWD_WGMMA && !KC_DETERMINISTIC
+  // kWg: dQ = dS K of the item at (query head hq, rows m0) from the dS^T tile this
+  // step's warpgroups wrote (their dV/dK wgmmas may still run), waited, reduced.
+  auto wg_dq = [&](int hq, int m0) {
+    fence_proxy_async();  // dS^T stores -> wgmma reads
+    if constexpr (kDQK == 128) {
+      __syncthreads();  // both warpgroups' dS^T
+    } else {
+      named_bar_sync(1 + wg, 128);  // this warpgroup's dS^T
+    }
+    {
+      // Head dim 128: columns 64 wg + [0, 64) over all kBN keys; 64: all
+      // columns over this warpgroup's keys. dS^T [key][query] is A read
+      // M-major (one 64-query block), K is B read N-major.
+      constexpr int kDqK16 = kDQK == 128 ? kBN / 16 : 4;
+      const unsigned a0 = kDQK == 128 ? sS : sS + wg * (64 * 128);
+      const unsigned b0 = kDQK == 128 ? sK + wg * (kBN * 128) : sK + wg * (64 * 128);
+      const unsigned long long da = smem_desc(a0, 64 * 128, 1024);
+      const unsigned long long db = smem_desc(b0, kBN * 128, 1024);
+      float qa[8][4];
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kDqK16; ++kk) {
+        wgmma_ss_tt(qa, da + ((kk * 16 * 128) >> 4), db + ((kk * 16 * 128) >> 4), kk > 0 ? 1 : 0);
+      }
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_regs(qa);
+      // Lanes t4 and t4 ^ 1 swap halves (as dq_swap): row 16 (warp % 4) + g + 8 odd,
+      // columns 8 nt + 2 (t4 & ~1) + [0, 4). Rows past q_len clamp to the last (dS = 0).
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt) {
+        const float s0 = odd ? qa[nt][0] : qa[nt][2];
+        const float s1 = odd ? qa[nt][1] : qa[nt][3];
+        const float x0 = __shfl_xor_sync(0xffffffffu, s0, 1);
+        const float x1 = __shfl_xor_sync(0xffffffffu, s1, 1);
+        if (odd) {
+          qa[nt][0] = x0;
+          qa[nt][1] = x1;
+        } else {
+          qa[nt][2] = x0;
+          qa[nt][3] = x1;
+        }
+      }
+      const int r = imin((warp & 3) * 16 + g + 8 * odd, q_len - 1 - m0);
+      float* const dst = p.dq_accum +
+                         ((static_cast<long long>(b) * p.num_q_heads + hq) * q_len + m0 + r) * kDQK +
+                         (kDQK == 128 ? 64 * wg : 0) + 2 * (t4 & ~1);
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt) red_add_v4(dst + nt * 8, qa[nt]);
+    }
+  };
 #endif
 
   float dk[kDTQ][4];
@@ -1114,7 +1194,87 @@ extern "C" __global__ void __launch_bounds__(KC_BWD_NUM_WARPS * 32, 256 / (KC_BW
     }
 #endif
 
-    if constexpr (kFa2) {
+    if constexpr (kWgSplit) {
+#if KC_BWD_WGMMA
+      // kWg without a score modification: S^T and dP^T committed as two
+      // groups; P is computed while dP^T runs, and dV += P^T dO is issued
+      // before dS is computed, so that the dP and dV wgmmas overlap the
+      // elementwise work (masked P is exactly 0, so dS = P (dP - delta) needs
+      // no second select).
+      float s[kNT][4], dp[kNT][4];
+      wg_sdp_issue(s, dp, q_s, o_s);
+      const float* lse_st = lse_s + st * kBM;
+      const float* del_st = del_s + st * kBM;
+      const int4* rd_st = rowdata + st * kBM;
+      wgmma_wait<1>();  // S^T
+      fence_regs(s);
+#pragma unroll
+      for (int full = 1; full >= 0; --full) {
+        if (full != (cls == 2)) continue;
+#pragma unroll
+        for (int nt = 0; nt < kNT; ++nt) {
+#pragma unroll
+          for (int c = 0; c < 2; ++c) {
+            const int qi = nt * 8 + 2 * t4 + c;
+            const float l2 = lse_log2(lse_st[qi]);
+            int4 rd = make_int4(0, 0, 0, 0);
+            if constexpr (kRowData) rd = rd_st[qi];
+#pragma unroll
+            for (int hh2 = 0; hh2 < 2; ++hh2) {
+              const int kv = n0 + key_row0 + 8 * hh2;
+              const bool vis =
+                  full || visible(p, b, hq, m0 + qi, kv, q_len, kv_len, off, rd, kv_id[hh2]);
+              const float pe = exp2_approx(fmaf(s[nt][hh2 * 2 + c], kScale * kLog2e, -l2));
+              s[nt][hh2 * 2 + c] = vis ? pe : 0.f;
+            }
+          }
+        }
+      }
+      unsigned pa[kNT / 2][4];
+#pragma unroll
+      for (int kk = 0; kk < kNT / 2; ++kk) pack_a(s, kk, pa[kk]);
+      {
+        const unsigned long long bo = smem_desc(o_s, kBM * 128, 1024);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < kNT / 2; ++kk) wgmma_rs(dv, pa[kk], bo + ((kk * 16 * 128) >> 4));
+        wgmma_commit();
+      }
+      wgmma_wait<1>();  // dP^T (dV may still run)
+      fence_regs(dp);
+#pragma unroll
+      for (int nt = 0; nt < kNT; ++nt) {
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          const float del = del_st[nt * 8 + 2 * t4 + c];
+#pragma unroll
+          for (int hh2 = 0; hh2 < 2; ++hh2) {
+            dp[nt][hh2 * 2 + c] = s[nt][hh2 * 2 + c] * (dp[nt][hh2 * 2 + c] - del) * kScale;
+          }
+        }
+      }
+      unsigned sa[kNT / 2][4];
+#pragma unroll
+      for (int kk = 0; kk < kNT / 2; ++kk) {
+        pack_a(dp, kk, sa[kk]);
+#if !KC_DETERMINISTIC
+        store_ds_t(sS, key_row0, kk, t4, sa[kk]);
+#endif
+      }
+      {
+        const unsigned long long bq = smem_desc(q_s, kBM * 128, 1024);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < kNT / 2; ++kk) wgmma_rs(dk, sa[kk], bq + ((kk * 16 * 128) >> 4));
+        wgmma_commit();
+      }
+#if !KC_DETERMINISTIC
+      wg_dq(hq, m0);
+#else
+      wgmma_wait<0>();
+#endif
+#endif
+    } else if constexpr (kFa2) {
       // S = Q K^T and dP = dO V^T: warp (wm, wn) = (warp % 2, warp / 2) owns
       // queries 32 wm + [0, 32) x keys 32 wn + [0, 32).
       const int wm = warp & 1, wn = warp >> 1;
@@ -1267,53 +1427,7 @@ extern "C" __global__ void __launch_bounds__(KC_BWD_NUM_WARPS * 32, 256 / (KC_BW
         wgmma_commit();
       }
 #if !KC_DETERMINISTIC
-      fence_proxy_async();  // dS^T stores -> wgmma reads
-      if constexpr (kDQK == 128) {
-        __syncthreads();  // both warpgroups' dS^T
-      } else {
-        named_bar_sync(1 + wg, 128);  // this warpgroup's dS^T
-      }
-      {
-        // Head dim 128: columns 64 wg + [0, 64) over all kBN keys; 64: all
-        // columns over this warpgroup's keys. dS^T [key][query] is A read
-        // M-major (one 64-query block), K is B read N-major.
-        constexpr int kDqK16 = kDQK == 128 ? kBN / 16 : 4;
-        const unsigned a0 = kDQK == 128 ? sS : sS + wg * (64 * 128);
-        const unsigned b0 = kDQK == 128 ? sK + wg * (kBN * 128) : sK + wg * (64 * 128);
-        const unsigned long long da = smem_desc(a0, 64 * 128, 1024);
-        const unsigned long long db = smem_desc(b0, kBN * 128, 1024);
-        float qa[8][4];
-        wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < kDqK16; ++kk) {
-          wgmma_ss_tt(qa, da + ((kk * 16 * 128) >> 4), db + ((kk * 16 * 128) >> 4), kk > 0 ? 1 : 0);
-        }
-        wgmma_commit();
-        wgmma_wait<0>();
-        fence_regs(qa);
-        // Lanes t4 and t4 ^ 1 swap halves (as dq_swap): row 16 (warp % 4) + g + 8 odd,
-        // columns 8 nt + 2 (t4 & ~1) + [0, 4). Rows past q_len clamp to the last (dS = 0).
-#pragma unroll
-        for (int nt = 0; nt < 8; ++nt) {
-          const float s0 = odd ? qa[nt][0] : qa[nt][2];
-          const float s1 = odd ? qa[nt][1] : qa[nt][3];
-          const float x0 = __shfl_xor_sync(0xffffffffu, s0, 1);
-          const float x1 = __shfl_xor_sync(0xffffffffu, s1, 1);
-          if (odd) {
-            qa[nt][0] = x0;
-            qa[nt][1] = x1;
-          } else {
-            qa[nt][2] = x0;
-            qa[nt][3] = x1;
-          }
-        }
-        const int r = imin((warp & 3) * 16 + g + 8 * odd, q_len - 1 - m0);
-        float* const dst = p.dq_accum +
-                           ((static_cast<long long>(b) * p.num_q_heads + hq) * q_len + m0 + r) * kDQK +
-                           (kDQK == 128 ? 64 * wg : 0) + 2 * (t4 & ~1);
-#pragma unroll
-        for (int nt = 0; nt < 8; ++nt) red_add_v4(dst + nt * 8, qa[nt]);
-      }
+      wg_dq(hq, m0);
 #else
       wgmma_wait<0>();
 #endif
