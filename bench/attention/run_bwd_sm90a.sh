@@ -18,7 +18,7 @@ trc=$?
 echo "== correctness rc=$trc ($(( $(date +%s) - t0 ))s)"
 grep -E "^FAIL|compiled|cases took|passed" "$OUT/test.txt" | tail -25
 t0=$(date +%s)
-SM90A=1 FLEX=0 VARIANTS="wg:;fa2:KC_BWD_WGMMA=0" timeout "${T_VAR:-100}" \
+SM90A=1 FLEX=0 VARIANTS="${VARIANTS:-wg:;fa2:KC_BWD_WGMMA=0}" timeout "${T_VAR:-100}" \
   python3 bench/attention/bwd_variants.py ${VCASES:-causal none d64 drafter_random drafter_sorted} \
   > "$OUT/bwd_variants.txt" 2>&1
 echo "== bwd_variants rc=$? ($(( $(date +%s) - t0 ))s)"
@@ -26,7 +26,7 @@ grep variant "$OUT/bwd_variants.txt" | sed 's/"ptxas"[^,]*,//'
 if [ "$trc" = 0 ] || [ "${BENCH_ANYWAY:-0}" = 1 ]; then
   t0=$(date +%s)
   timeout "${T_BENCH:-200}" python3 bench/attention/bench_attention.py --backward --jobs 16 \
-    --json "$OUT/bench_bwd.json" > "$OUT/bench.txt" 2>&1
+    ${BENCH_ONLY:+--only "$BENCH_ONLY"} --json "$OUT/bench_bwd.json" > "$OUT/bench.txt" 2>&1
   echo "== bench rc=$? ($(( $(date +%s) - t0 ))s)"
-  tail -22 "$OUT/bench.txt"
+  tail -22 "$OUT/bench.txt" | cut -c1-400
 fi
