@@ -78,6 +78,35 @@ constexpr int kDTQ = kDQK / 8;  // n8 tiles of dK / dQ
 constexpr int kDTV = kDV / 8;   // n8 tiles of dV
 constexpr int kList = kAttnBwdMaxList;
 
+// sm_90a (KC_BWD_WGMMA, chosen by the code generator: AttentionBwdWgmma):
+// the dK/dV kernel's products run as wgmma. Two warpgroups, warpgroup w
+// owning keys 64 w + [0, 64) of the CTA's 128 (the same rows per warp as the
+// 16-keys-per-warp mma.sync layout, so the elementwise code is shared):
+//   S^T = K Q^T and dP^T = V dO^T: A = K / V rows, B = Q / dO (both K-major),
+//   dV += P^T dO and dK += dS^T Q: A = P^T / dS^T from registers, B = dO / Q
+//     read N-major (transposed),
+//   dQ = dS K (unless deterministic): A = dS^T in shared memory read
+//     M-major, B = K N-major; head dim 128: warpgroup w computes columns
+//     64 w + [0, 64) over all 128 keys (a CTA barrier after dS^T); head dim
+//     64: warpgroup w all 64 columns over its own 64 keys (a warpgroup
+//     barrier; twice the dQ reductions).
+// K, V, Q and dO live in wgmma's 128-byte-swizzled layout; the deterministic
+// mode's dQ kernel stays mma.sync.
+#ifndef KC_BWD_WGMMA
+#define KC_BWD_WGMMA 0
+#endif
+#if KC_BWD_WGMMA && !KC_WGMMA_HEAD_DIMS
+#error "KC_BWD_WGMMA needs sm_90a and head dims the wgmma helpers support"
+#endif
+constexpr bool kWg = KC_BWD_WGMMA;
+// kWg without a score modification: the step's elementwise work split around
+// the dP and dV wgmmas (KC_BWD_WG_SPLIT=0: the plain synchronous order).
+#ifndef KC_BWD_WG_SPLIT
+#define KC_BWD_WG_SPLIT 1
+#endif
+constexpr bool kWgSplit = kWg && KC_BWD_WG_SPLIT && KC_SCORE_MOD == KC_SCORE_NONE;
+static_assert(!kWg || (kNW == 8 && kBN == 128 && kBM == 64), "KC_BWD_WGMMA: 64 x 128 x 8w");
+
 constexpr float kScale = KC_SOFTMAX_SCALE;
 constexpr float kLog2e = 1.4426950408889634f;
 // No score modification: x * log2(e) folds into one multiply of s.
@@ -126,12 +155,13 @@ __device__ __forceinline__ void st_shared_u32(unsigned addr, unsigned v) {
 }
 
 // Rows [row0, row0 + ROWS) of a [len, D] matrix into a swizzled tile (chunk c
-// of row r at r * 2D + ((c ^ (r & 7)) << 4), the forward's mma.sync layout);
-// rows at or past `len` are zero-filled.
-template <int ROWS, int D>
+// of row r at r * 2D + ((c ^ (r & 7)) << 4), the forward's mma.sync layout;
+// WG: wgmma's [D / 64][ROWS][64] 128-byte-swizzled layout); rows at or past
+// `len` are zero-filled.
+template <int ROWS, int D, bool WG = false>
 __device__ __forceinline__ void load_rows(unsigned sdst, const elem_t* g, long long stride,
                                           int row0, int len, int tid) {
-  attn_fwd::load_tile<ROWS, D, kThreads, false>(sdst, g, stride, row0, len, tid);
+  attn_fwd::load_tile<ROWS, D, kThreads, WG>(sdst, g, stride, row0, len, tid);
 }
 
 // Per-query mask data: document -> x = sequence id; drafter -> visible keys
@@ -384,11 +414,12 @@ constexpr int kDsBufs = AttentionBwdDsBuffers(KC_ARCH);
 // stages at D128 (171 KB > 163 KB) and keeps the 16-keys-per-warp layout;
 // KC_BWD_FA2=0 selects that layout on sm_90 too (for comparisons).
 #ifndef KC_BWD_FA2
-#define KC_BWD_FA2 (KC_ARCH >= 90)
+#define KC_BWD_FA2 (KC_ARCH >= 90 && !KC_BWD_WGMMA)
 #endif
 constexpr bool kFa2 = KC_BWD_FA2;
 static_assert(!kFa2 || (kDsBufs == 2 && kNW == 8 && kBN == 128), "KC_BWD_FA2: sm_90+, 64 x 128 x 8w");
-constexpr bool kDqLag = kDsBufs == 2 && !kFa2;
+static_assert(!(kFa2 && kWg), "KC_BWD_FA2 and KC_BWD_WGMMA exclude each other");
+constexpr bool kDqLag = kDsBufs == 2 && !kFa2 && !kWg;
 #ifndef KC_BWD_HEAD_CHUNK
 #define KC_BWD_HEAD_CHUNK 4
 #endif
@@ -471,6 +502,35 @@ __device__ __forceinline__ void store_ds_t(unsigned ds_t, int row0, int kk, int 
   st_shared_u32(ds_t + r0 * (kBM * 2) + (((2 * kk + 1) ^ (r0 & 7)) << 4) + t4 * 4, sa[2]);
   st_shared_u32(ds_t + r1 * (kBM * 2) + (((2 * kk + 1) ^ (r1 & 7)) << 4) + t4 * 4, sa[3]);
 }
+
+#if KC_BWD_WGMMA
+using attn_fwd::fence_proxy_async;
+using attn_fwd::fence_regs;
+using attn_fwd::named_bar_sync;
+using attn_fwd::smem_desc;
+using attn_fwd::wgmma_commit;
+using attn_fwd::wgmma_fence;
+using attn_fwd::wgmma_rs;
+using attn_fwd::wgmma_ss;
+using attn_fwd::wgmma_wait;
+// D (64 x 64) (+)= A B with A and B both read from shared memory transposed
+// (M-major A, N-major B): dQ = dS K from dS^T [key][query] and K [key][d].
+__device__ __forceinline__ void wgmma_ss_tt(float (&d)[8][4], unsigned long long da,
+                                            unsigned long long db, int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32." KC_WG_T "." KC_WG_T " "
+      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,"
+      "%24,%25,%26,%27,%28,%29,%30,%31}, %32, %33, p, 1, 1, 1, 1;\n}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
+        "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]),
+        "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+        "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]),
+        "+f"(d[7][2]), "+f"(d[7][3])
+      : "l"(da), "l"(db), "r"(accumulate));
+}
+#endif
 
 // ---- the warp-level GEMM steps both kernels are made of ------------------
 // Per-lane ldmatrix addressing (see the forward): A rows lane & 15 with
@@ -710,7 +770,11 @@ extern "C" __global__ void __launch_bounds__(KC_BWD_NUM_WARPS * 32, 256 / (KC_BW
 
   // Shared memory (AttentionBwdDkdvSmemBytes).
   constexpr int kQB = kBM * kDQK * 2, kOB = kBM * kDV * 2;
-  const unsigned sK = smem_u32(smem);
+  // kWg: the tiles start at the first 1024-byte boundary (wgmma's swizzle
+  // atoms; AttentionBwdDkdvSmemBytes reserves the slack).
+  const unsigned smem_raw = smem_u32(smem);
+  const unsigned sK = kWg ? (smem_raw + 1023u) & ~1023u : smem_raw;
+  unsigned char* const sbase = smem + (sK - smem_raw);
   const unsigned sV = sK + kBN * kDQK * 2;
   // Two stages of [Q | dO].
   const unsigned sQ = sV + kBN * kDV * 2;
@@ -718,21 +782,21 @@ extern "C" __global__ void __launch_bounds__(KC_BWD_NUM_WARPS * 32, 256 / (KC_BW
   const unsigned sS = sQ + 2 * (kQB + kOB);  // kDsBufs dS^T [key][query] tiles
   const unsigned sLse = sS + kDsBufs * kSB;  // [2][kBM] float, then delta [2][kBM]
   const unsigned sDel = sLse + 2 * kBM * 4;
-  unsigned char* const base = smem + (sDel + 2 * kBM * 4 - sK);
+  unsigned char* const base = sbase + (sDel + 2 * kBM * 4 - sK);
   int4* rowdata = reinterpret_cast<int4*>(base);                 // [2][kBM]
   unsigned* list = reinterpret_cast<unsigned*>(base + 2 * kBM * 16);
   int* misc = reinterpret_cast<int*>(base + 2 * kBM * 16 + 4 * kList);
   static_assert(2 * kQB + 2 * kOB + kBN * (kDQK + kDV) * 2 + kDsBufs * kSB + 2 * kBM * 8 +
-                        2 * kBM * 16 + 4 * kList + 16 ==
-                    AttentionBwdDkdvSmemBytes(KC_ARCH, kBM, kBN, kDQK, kDV),
+                        2 * kBM * 16 + 4 * kList + 16 + (kWg ? 1024 : 0) ==
+                    AttentionBwdDkdvSmemBytes(KC_ARCH, kBM, kBN, kDQK, kDV, kWg),
                 "shared-memory layout out of step with attention_tiles.h");
-  const float* lse_s = reinterpret_cast<const float*>(smem + (sLse - sK));
-  const float* del_s = reinterpret_cast<const float*>(smem + (sDel - sK));
+  const float* lse_s = reinterpret_cast<const float*>(sbase + (sLse - sK));
+  const float* del_s = reinterpret_cast<const float*>(sbase + (sDel - sK));
 
   const elem_t* kg = static_cast<const elem_t*>(p.k) + b * p.k_stride_b + hkv * p.k_stride_h;
   const elem_t* vg = static_cast<const elem_t*>(p.v) + b * p.v_stride_b + hkv * p.v_stride_h;
-  load_rows<kBN, kDQK>(sK, kg, p.k_stride_s, n0, kv_len, tid);
-  load_rows<kBN, kDV>(sV, vg, p.v_stride_s, n0, kv_len, tid);
+  load_rows<kBN, kDQK, kWg>(sK, kg, p.k_stride_s, n0, kv_len, tid);
+  load_rows<kBN, kDV, kWg>(sV, vg, p.v_stride_s, n0, kv_len, tid);
   cp_async_commit();
 
   // ---- the walk: items (query head within the group, query tile, class) --
@@ -816,10 +880,10 @@ extern "C" __global__ void __launch_bounds__(KC_BWD_NUM_WARPS * 32, 256 / (KC_BW
     item_of(it, hh, qt, cls);
     const int hq = hkv * group + hh;
     const int m0 = qt * kBM;
-    load_rows<kBM, kDQK>(sQ + st * (kQB + kOB),
+    load_rows<kBM, kDQK, kWg>(sQ + st * (kQB + kOB),
                     static_cast<const elem_t*>(p.q) + b * p.q_stride_b + hq * p.q_stride_h,
                     p.q_stride_s, m0, q_len, tid);
-    load_rows<kBM, kDV>(sQ + st * (kQB + kOB) + kQB,
+    load_rows<kBM, kDV, kWg>(sQ + st * (kQB + kOB) + kQB,
                    static_cast<const elem_t*>(p.dout) + b * p.do_stride_b + hq * p.do_stride_h,
                    p.do_stride_s, m0, q_len, tid);
     if (tid < kBM) {
@@ -963,6 +1027,110 @@ extern "C" __global__ void __launch_bounds__(KC_BWD_NUM_WARPS * 32, 256 / (KC_BW
   int prev_hq = 0, prev_m0 = 0;  // the item before `it`
 #endif
 
+#if KC_BWD_WGMMA
+  // kWg (see kWg above): warpgroup wg owns keys 64 wg + [0, 64); its
+  // accumulators have the 16-keys-per-warp mma.sync layout (rows
+  // 16 (warp % 4) + g (+ 8) of the warpgroup, i.e. key_row0).
+  const int wg = warp >> 2;
+  // S^T = K Q^T and dP^T = V dO^T of the stage at q_s / o_s, waited.
+  auto wg_sdp = [&](float (&s)[kNT][4], float (&dp)[kNT][4], unsigned q_s, unsigned o_s) {
+    const unsigned long long dk0 = smem_desc(sK + wg * (64 * 128), 16, 1024);
+    const unsigned long long dq0 = smem_desc(q_s, 16, 1024);
+    const unsigned long long dv0 = smem_desc(sV + wg * (64 * 128), 16, 1024);
+    const unsigned long long do0 = smem_desc(o_s, 16, 1024);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kKQ; ++kk) {
+      // k16 step kk: 64-column block kk / 4, 32-byte offset (kk % 4) in it.
+      wgmma_ss(s, dk0 + ((((kk >> 2) * kBN * 128) + (kk & 3) * 32) >> 4),
+               dq0 + ((((kk >> 2) * kBM * 128) + (kk & 3) * 32) >> 4), kk > 0 ? 1 : 0);
+    }
+#pragma unroll
+    for (int kk = 0; kk < kKV; ++kk) {
+      wgmma_ss(dp, dv0 + ((((kk >> 2) * kBN * 128) + (kk & 3) * 32) >> 4),
+               do0 + ((((kk >> 2) * kBM * 128) + (kk & 3) * 32) >> 4), kk > 0 ? 1 : 0);
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_regs(s);
+    fence_regs(dp);
+  };
+  // The same, not waited: S^T and dP^T as two commit groups (kWgSplit).
+  auto wg_sdp_issue = [&](float (&s)[kNT][4], float (&dp)[kNT][4], unsigned q_s, unsigned o_s) {
+    const unsigned long long dk0 = smem_desc(sK + wg * (64 * 128), 16, 1024);
+    const unsigned long long dq0 = smem_desc(q_s, 16, 1024);
+    const unsigned long long dv0 = smem_desc(sV + wg * (64 * 128), 16, 1024);
+    const unsigned long long do0 = smem_desc(o_s, 16, 1024);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kKQ; ++kk) {
+      wgmma_ss(s, dk0 + ((((kk >> 2) * kBN * 128) + (kk & 3) * 32) >> 4),
+               dq0 + ((((kk >> 2) * kBM * 128) + (kk & 3) * 32) >> 4), kk > 0 ? 1 : 0);
+    }
+    wgmma_commit();
+#pragma unroll
+    for (int kk = 0; kk < kKV; ++kk) {
+      wgmma_ss(dp, dv0 + ((((kk >> 2) * kBN * 128) + (kk & 3) * 32) >> 4),
+               do0 + ((((kk >> 2) * kBM * 128) + (kk & 3) * 32) >> 4), kk > 0 ? 1 : 0);
+    }
+    wgmma_commit();
+  };
+#endif
+
+#if KC_BWD_WGMMA && !KC_DETERMINISTIC
+  // kWg: dQ = dS K of the item at (query head hq, rows m0) from the dS^T tile this
+  // step's warpgroups wrote (their dV/dK wgmmas may still run), waited, reduced.
+  auto wg_dq = [&](int hq, int m0) {
+    fence_proxy_async();  // dS^T stores -> wgmma reads
+    if constexpr (kDQK == 128) {
+      __syncthreads();  // both warpgroups' dS^T
+    } else {
+      named_bar_sync(1 + wg, 128);  // this warpgroup's dS^T
+    }
+    {
+      // Head dim 128: columns 64 wg + [0, 64) over all kBN keys; 64: all
+      // columns over this warpgroup's keys. dS^T [key][query] is A read
+      // M-major (one 64-query block), K is B read N-major.
+      constexpr int kDqK16 = kDQK == 128 ? kBN / 16 : 4;
+      const unsigned a0 = kDQK == 128 ? sS : sS + wg * (64 * 128);
+      const unsigned b0 = kDQK == 128 ? sK + wg * (kBN * 128) : sK + wg * (64 * 128);
+      const unsigned long long da = smem_desc(a0, 64 * 128, 1024);
+      const unsigned long long db = smem_desc(b0, kBN * 128, 1024);
+      float qa[8][4];
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kDqK16; ++kk) {
+        wgmma_ss_tt(qa, da + ((kk * 16 * 128) >> 4), db + ((kk * 16 * 128) >> 4), kk > 0 ? 1 : 0);
+      }
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_regs(qa);
+      // Lanes t4 and t4 ^ 1 swap halves (as dq_swap): row 16 (warp % 4) + g + 8 odd,
+      // columns 8 nt + 2 (t4 & ~1) + [0, 4). Rows past q_len clamp to the last (dS = 0).
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt) {
+        const float s0 = odd ? qa[nt][0] : qa[nt][2];
+        const float s1 = odd ? qa[nt][1] : qa[nt][3];
+        const float x0 = __shfl_xor_sync(0xffffffffu, s0, 1);
+        const float x1 = __shfl_xor_sync(0xffffffffu, s1, 1);
+        if (odd) {
+          qa[nt][0] = x0;
+          qa[nt][1] = x1;
+        } else {
+          qa[nt][2] = x0;
+          qa[nt][3] = x1;
+        }
+      }
+      const int r = imin((warp & 3) * 16 + g + 8 * odd, q_len - 1 - m0);
+      float* const dst = p.dq_accum +
+                         ((static_cast<long long>(b) * p.num_q_heads + hq) * q_len + m0 + r) * kDQK +
+                         (kDQK == 128 ? 64 * wg : 0) + 2 * (t4 & ~1);
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt) red_add_v4(dst + nt * 8, qa[nt]);
+    }
+  };
+#endif
+
   float dk[kDTQ][4];
   float dv[kDTV][4];
 #pragma unroll
@@ -995,6 +1163,9 @@ extern "C" __global__ void __launch_bounds__(KC_BWD_NUM_WARPS * 32, 256 / (KC_BW
   for (int it = 0; it < n_items; ++it) {
     const int st = it & 1;
     cp_async_wait<0>();
+#if KC_BWD_WGMMA
+    fence_proxy_async();  // cp.async writes -> wgmma reads
+#endif
     __syncthreads();  // item it landed; everyone is done with item it - 1
     RowRaw next_raw{0, 0};
     int next_q = 0;
@@ -1023,7 +1194,87 @@ extern "C" __global__ void __launch_bounds__(KC_BWD_NUM_WARPS * 32, 256 / (KC_BW
     }
 #endif
 
-    if constexpr (kFa2) {
+    if constexpr (kWgSplit) {
+#if KC_BWD_WGMMA
+      // kWg without a score modification: S^T and dP^T committed as two
+      // groups; P is computed while dP^T runs, and dV += P^T dO is issued
+      // before dS is computed, so that the dP and dV wgmmas overlap the
+      // elementwise work (masked P is exactly 0, so dS = P (dP - delta) needs
+      // no second select).
+      float s[kNT][4], dp[kNT][4];
+      wg_sdp_issue(s, dp, q_s, o_s);
+      const float* lse_st = lse_s + st * kBM;
+      const float* del_st = del_s + st * kBM;
+      const int4* rd_st = rowdata + st * kBM;
+      wgmma_wait<1>();  // S^T
+      fence_regs(s);
+#pragma unroll
+      for (int full = 1; full >= 0; --full) {
+        if (full != (cls == 2)) continue;
+#pragma unroll
+        for (int nt = 0; nt < kNT; ++nt) {
+#pragma unroll
+          for (int c = 0; c < 2; ++c) {
+            const int qi = nt * 8 + 2 * t4 + c;
+            const float l2 = lse_log2(lse_st[qi]);
+            int4 rd = make_int4(0, 0, 0, 0);
+            if constexpr (kRowData) rd = rd_st[qi];
+#pragma unroll
+            for (int hh2 = 0; hh2 < 2; ++hh2) {
+              const int kv = n0 + key_row0 + 8 * hh2;
+              const bool vis =
+                  full || visible(p, b, hq, m0 + qi, kv, q_len, kv_len, off, rd, kv_id[hh2]);
+              const float pe = exp2_approx(fmaf(s[nt][hh2 * 2 + c], kScale * kLog2e, -l2));
+              s[nt][hh2 * 2 + c] = vis ? pe : 0.f;
+            }
+          }
+        }
+      }
+      unsigned pa[kNT / 2][4];
+#pragma unroll
+      for (int kk = 0; kk < kNT / 2; ++kk) pack_a(s, kk, pa[kk]);
+      {
+        const unsigned long long bo = smem_desc(o_s, kBM * 128, 1024);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < kNT / 2; ++kk) wgmma_rs(dv, pa[kk], bo + ((kk * 16 * 128) >> 4));
+        wgmma_commit();
+      }
+      wgmma_wait<1>();  // dP^T (dV may still run)
+      fence_regs(dp);
+#pragma unroll
+      for (int nt = 0; nt < kNT; ++nt) {
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          const float del = del_st[nt * 8 + 2 * t4 + c];
+#pragma unroll
+          for (int hh2 = 0; hh2 < 2; ++hh2) {
+            dp[nt][hh2 * 2 + c] = s[nt][hh2 * 2 + c] * (dp[nt][hh2 * 2 + c] - del) * kScale;
+          }
+        }
+      }
+      unsigned sa[kNT / 2][4];
+#pragma unroll
+      for (int kk = 0; kk < kNT / 2; ++kk) {
+        pack_a(dp, kk, sa[kk]);
+#if !KC_DETERMINISTIC
+        store_ds_t(sS, key_row0, kk, t4, sa[kk]);
+#endif
+      }
+      {
+        const unsigned long long bq = smem_desc(q_s, kBM * 128, 1024);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < kNT / 2; ++kk) wgmma_rs(dk, sa[kk], bq + ((kk * 16 * 128) >> 4));
+        wgmma_commit();
+      }
+#if !KC_DETERMINISTIC
+      wg_dq(hq, m0);
+#else
+      wgmma_wait<0>();
+#endif
+#endif
+    } else if constexpr (kFa2) {
       // S = Q K^T and dP = dO V^T: warp (wm, wn) = (warp % 2, warp / 2) owns
       // queries 32 wm + [0, 32) x keys 32 wn + [0, 32).
       const int wm = warp & 1, wn = warp >> 1;
@@ -1105,8 +1356,12 @@ extern "C" __global__ void __launch_bounds__(KC_BWD_NUM_WARPS * 32, 256 / (KC_BW
     } else {
       // S^T = K Q^T and dP^T = V dO^T: 16 keys x 64 queries per warp.
       float s[kNT][4], dp[kNT][4];
+#if KC_BWD_WGMMA
+      wg_sdp(s, dp, q_s, o_s);
+#else
       gemm_abt<kDQK>(s, k_a, q_s, ln);
       gemm_abt<kDV>(dp, v_a, o_s, ln);
+#endif
 
       // P and dS in place (s <- P, dp <- dS), per element.
       {
@@ -1158,16 +1413,36 @@ extern "C" __global__ void __launch_bounds__(KC_BWD_NUM_WARPS * 32, 256 / (KC_BW
         store_ds_t(sS + (kDqLag ? st * kSB : 0), key_row0, kk, t4, sa[kk]);
 #endif
       }
+#if KC_BWD_WGMMA
+      // dV += P^T dO and dK += dS^T Q (B read N-major: LBO steps 64 columns
+      // of d, SBO 8 queries), issued; then dQ = dS K over the dS^T tile.
+      {
+        const unsigned long long bo = smem_desc(o_s, kBM * 128, 1024);
+        const unsigned long long bq = smem_desc(q_s, kBM * 128, 1024);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < kNT / 2; ++kk) wgmma_rs(dv, pa[kk], bo + ((kk * 16 * 128) >> 4));
+#pragma unroll
+        for (int kk = 0; kk < kNT / 2; ++kk) wgmma_rs(dk, sa[kk], bq + ((kk * 16 * 128) >> 4));
+        wgmma_commit();
+      }
+#if !KC_DETERMINISTIC
+      wg_dq(hq, m0);
+#else
+      wgmma_wait<0>();
+#endif
+#else
 #pragma unroll
       for (int kk = 0; kk < kNT / 2; ++kk) {
         gemm_step_ab<kDV>(dv, pa[kk], o_s, kk, ln);
         gemm_step_ab<kDQK>(dk, sa[kk], q_s, kk, ln);
       }
+#endif
 
     }
 
 #if !KC_DETERMINISTIC
-    if constexpr (!kDqLag && !kFa2) {
+    if constexpr (!kDqLag && !kFa2 && !kWg) {
       __syncthreads();  // dS^T complete
       dq_step(hq, m0, sS);
     }
@@ -1208,6 +1483,10 @@ extern "C" __global__ void __launch_bounds__(KC_BWD_NUM_WARPS * 32, 256 / (KC_BW
     }
     return;
   }
+#if KC_BWD_WGMMA
+  fence_regs(dk);  // the last wgmma_wait before any read
+  fence_regs(dv);
+#endif
   // dK and dV of this thread's two keys, in the dtype.
 #pragma unroll
   for (int hh2 = 0; hh2 < 2; ++hh2) {

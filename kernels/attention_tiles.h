@@ -156,14 +156,24 @@ constexpr int kAttnBwdMaxList = 1024;
 // dK/dV kernel: K and V of the CTA's keys, two stages of Q and dO, the dS^T
 // tile (two on sm_90+, where the dQ of a query step runs one step late:
 // AttentionBwdDsBuffers), two stages of (LSE, delta) and of per-row mask
-// data, the tile list and counters. No alignment slack: the backward has no
-// wgmma path.
+// data, the tile list and counters. sm_90a (wgmma): 1024 bytes of slack to
+// align the tiles to wgmma's 1024-byte swizzle atoms.
 KC_TILES_HD constexpr int AttentionBwdDsBuffers(int arch) { return arch >= 90 ? 2 : 1; }
 KC_TILES_HD constexpr int AttentionBwdDkdvSmemBytes(int arch, int block_m, int block_n, int dqk,
-                                                    int dv) {
+                                                    int dv, bool wgmma = false) {
   return block_n * (dqk + dv) * 2 + 2 * block_m * (dqk + dv) * 2 +
          AttentionBwdDsBuffers(arch) * block_n * block_m * 2 + 2 * block_m * 8 +
-         2 * block_m * 16 + 4 * kAttnBwdMaxList + 16;
+         2 * block_m * 16 + 4 * kAttnBwdMaxList + 16 + (wgmma ? 1024 : 0);
+}
+
+// Whether the dK/dV kernel runs its products as wgmma (attention_bwd.cuh,
+// KC_BWD_WGMMA): sm_90a builds with head dims 64 or 128 (every mask, score
+// modification, GQA ratio and the deterministic mode; the dQ kernel of the
+// deterministic mode stays mma.sync). Elsewhere the portable mma.sync path.
+KC_TILES_HD constexpr bool AttentionBwdWgmma(int arch, bool sm90a, int head_dim_qk,
+                                             int head_dim_v) {
+  return arch == 90 && sm90a && (head_dim_qk == 64 || head_dim_qk == 128) &&
+         (head_dim_v == 64 || head_dim_v == 128);
 }
 
 // dQ kernel: Q and dO of the CTA's block_n rows, two stages of K and V
@@ -180,14 +190,14 @@ KC_TILES_HD constexpr AttentionBwdTiles SelectAttentionBwdTiles(int arch, int he
                                                                 bool is_fp16, bool sm90a = false) {
   (void)mask_kind;
   (void)is_fp16;
-  (void)sm90a;
   const AttentionBwdTiles zero{0, 0, 0, 0, 0};
   if (AttentionMaxSmemPerBlock(arch) == 0) return zero;
   if ((head_dim_qk != 64 && head_dim_qk != 128) || (head_dim_v != 64 && head_dim_v != 128)) {
     return zero;
   }
   const AttentionBwdTiles t{64, 128, 8,
-                            AttentionBwdDkdvSmemBytes(arch, 64, 128, head_dim_qk, head_dim_v),
+                            AttentionBwdDkdvSmemBytes(arch, 64, 128, head_dim_qk, head_dim_v,
+                                                      AttentionBwdWgmma(arch, sm90a, head_dim_qk, head_dim_v)),
                             AttentionBwdDqSmemBytes(64, 128, head_dim_qk, head_dim_v)};
   const int limit = AttentionMaxSmemPerBlock(arch);
   return t.smem_dkdv <= limit && t.smem_dq <= limit ? t : zero;

@@ -9,6 +9,7 @@ dK/dV kernel's registers and spills, and its gradients' rel L2 against flex's (N
 outputs first). Variants are sets of extra defines (kernels/attention_bwd.cuh's KC_BWD_*):
 
   VARIANTS="fa2:;b6:KC_BWD_FA2=0" python3 bench/attention/bwd_variants.py causal drafter_sorted
+  SM90A=1 VARIANTS="wg:;fa2:KC_BWD_WGMMA=0" python3 bench/attention/bwd_variants.py none causal
 
 FLEX=0 skips flex (times only). Cubins for every (case, variant) compile in parallel
 first (NVRTC, into .devcarry/cubins like the other kernel tools).
@@ -30,13 +31,15 @@ def parse_variants():
 VARIANTS = parse_variants()
 CASES = sys.argv[1:] or ["causal", "drafter_random", "drafter_sorted"]
 FLEX = os.environ.get("FLEX", "1") == "1"
+# SM90A=1: sm_90a builds (wgmma forward; wgmma dK/dV unless a variant sets KC_BWD_WGMMA=0).
+SM90A = os.environ.get("SM90A", "0") == "1"
 
 
 def spec_for(case, extra):
     mask = {"causal": "causal", "none": "none", "d64": "causal"}.get(case, "drafter")
     D = 64 if case == "d64" else 128
     return K.make_spec("bf16", D, D, mask=mask, backward=True, deterministic=False, arch=90,
-                       sm90a=False, drafter_block=16, extra_defines=extra)
+                       sm90a=SM90A, drafter_block=16, extra_defines=extra)
 
 
 specs = [spec_for(c, ex) for c in CASES for _, ex in VARIANTS]

@@ -209,6 +209,12 @@ absl::StatusOr<GeneratedSource> GenerateAttentionSource(const v1::AttentionSpec&
     Define(&src, "KC_BWD_BLOCK_M", bwd.block_m);
     Define(&src, "KC_BWD_BLOCK_N", bwd.block_n);
     Define(&src, "KC_BWD_NUM_WARPS", bwd.num_warps);
+    // sm_90a: the dK/dV kernel on wgmma where it supports the spec
+    // (AttentionBwdWgmma: head dims 64/128, every mask and score
+    // modification); the portable mma.sync path everywhere else.
+    const int dqk = static_cast<int>(spec.head_dim_qk());
+    const int dv = static_cast<int>(spec.head_dim_v());
+    Define(&src, "KC_BWD_WGMMA", AttentionBwdWgmma(arch->sm, arch->sm90a, dqk, dv) ? 1 : 0);
   }
   absl::StrAppend(&src, "#include \"", kParamsHeader, "\"\n");
   src += *functions;

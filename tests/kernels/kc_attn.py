@@ -94,10 +94,16 @@ _SMEM_LIMIT = {80: 166912, 86: 101376, 89: 101376, 90: 232448}
 BWD_MAX_LIST = 1024     # kAttnBwdMaxList: uint32 tile-list entries
 
 
-def bwd_smem_dkdv(arch, bm, bn, dqk, dv):
+def bwd_wgmma(arch, dqk, dv, sm90a):
+    """kcache::AttentionBwdWgmma: the dK/dV kernel runs wgmma (sm_90a, head dims 64/128)."""
+    return arch == 90 and bool(sm90a) and dqk in (64, 128) and dv in (64, 128)
+
+
+def bwd_smem_dkdv(arch, bm, bn, dqk, dv, sm90a=False):
     ds_buffers = 2 if arch >= 90 else 1  # kcache::AttentionBwdDsBuffers
     return (bn * (dqk + dv) * 2 + 2 * bm * (dqk + dv) * 2 + ds_buffers * bn * bm * 2 + 2 * bm * 8
-            + 2 * bm * 16 + 4 * BWD_MAX_LIST + 16)
+            + 2 * bm * 16 + 4 * BWD_MAX_LIST + 16
+            + (1024 if bwd_wgmma(arch, dqk, dv, sm90a) else 0))
 
 
 def bwd_smem_dq(bm, bn, dqk, dv):
@@ -107,11 +113,10 @@ def bwd_smem_dq(bm, bn, dqk, dv):
 
 def select_bwd_tiles(arch, dqk, dv, sm90a=False):
     """kcache::SelectAttentionBwdTiles as (block_m, block_n, num_warps), None when unsupported."""
-    del sm90a  # the same tiles on sm_90a today
     limit = _SMEM_LIMIT.get(arch, 0)
     if limit == 0 or dqk not in (64, 128) or dv not in (64, 128):
         return None
-    if bwd_smem_dkdv(arch, 64, 128, dqk, dv) > limit or bwd_smem_dq(64, 128, dqk, dv) > limit:
+    if bwd_smem_dkdv(arch, 64, 128, dqk, dv, sm90a) > limit or bwd_smem_dq(64, 128, dqk, dv) > limit:
         return None
     return (64, 128, 8)
 
@@ -159,7 +164,7 @@ def check_bwd_tiles_against_header():
         t = got["t%d" % i]
         hdr = (t & 4095, (t >> 12) & 4095, (t >> 24) & 255, got["k%d" % i], got["d%d" % i])
         py = select_bwd_tiles(a, q, v, x)
-        want = (py + (bwd_smem_dkdv(a, py[0], py[1], q, v), bwd_smem_dq(py[0], py[1], q, v))
+        want = (py + (bwd_smem_dkdv(a, py[0], py[1], q, v, x), bwd_smem_dq(py[0], py[1], q, v))
                 if py else (0, 0, 0, 0, 0))
         if hdr != want:
             bad.append("sm_%d%s %d/%d: header %s, python %s" % (a, "a" if x else "", q, v, hdr,
@@ -245,6 +250,11 @@ def prelude(spec):
         bbm, bbn, bnw = spec["bwd_tiles"]
         lines += [f"#define KC_BWD_BLOCK_M {bbm}", f"#define KC_BWD_BLOCK_N {bbn}",
                   f"#define KC_BWD_NUM_WARPS {bnw}"]
+        # As compiler/attention/codegen.cc: wgmma dK/dV where AttentionBwdWgmma says so
+        # (an extra define KC_BWD_WGMMA=0 selects the portable path, for comparisons).
+        if not any(k == "KC_BWD_WGMMA" for k, _ in spec.get("extra_defines", ())):
+            wg = bwd_wgmma(spec["arch"], spec["dqk"], spec["dv"], spec["sm90a"])
+            lines.append(f"#define KC_BWD_WGMMA {1 if wg else 0}")
     lines += ["#define %s %s" % kv for kv in spec.get("extra_defines", ())] + [
         '#include "attention_params.h"',
     ]
@@ -578,7 +588,8 @@ class Kernel:
         if spec.get("backward"):
             bbm, bbn, bnw = spec["bwd_tiles"]
             self.bwd_block_m, self.bwd_block_n, self.bwd_threads = bbm, bbn, bnw * 32
-            self.smem_dkdv = bwd_smem_dkdv(spec["arch"], bbm, bbn, spec["dqk"], spec["dv"])
+            self.smem_dkdv = bwd_smem_dkdv(spec["arch"], bbm, bbn, spec["dqk"], spec["dv"],
+                                           spec["sm90a"])
             self.smem_dq = bwd_smem_dq(bbm, bbn, spec["dqk"], spec["dv"])
             names = ["kcache_attn_bwd_preprocess", "kcache_attn_bwd_dkdv",
                      "kcache_attn_bwd_dq" if spec["deterministic"] else

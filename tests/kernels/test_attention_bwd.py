@@ -24,6 +24,7 @@ with worst errors dQ 4.1e-3 bf16 / 6.1e-4 fp16, d bias 1.1e-2 bf16.
 
   python3 tests/kernels/test_attention_bwd.py [--cases 200] [--seed 1] [--select RE] [--log F]
   python3 tests/kernels/test_attention_bwd.py --compile-only [--jobs 2]  # CPU: NVRTC only
+  --sm90a: every variant built for sm_90a (wgmma dK/dV, kernels/attention_bwd.cuh kWg)
 """
 
 import argparse
@@ -330,6 +331,8 @@ def main():
     ap.add_argument("--jobs", type=int, default=None, help="parallel NVRTC processes")
     ap.add_argument("--arch", type=int, default=90)
     ap.add_argument("--select", default=None, help="regex on variant names")
+    ap.add_argument("--sm90a", action="store_true",
+                    help="every variant as an sm_90a build (wgmma forward and dK/dV)")
     args = ap.parse_args()
 
     K.check_params_layout()
@@ -342,6 +345,11 @@ def main():
     vs = variants()
     if args.select:
         vs = [(n, sp) for n, sp in vs if re.search(args.select, n)]
+    if args.sm90a:
+        vs = [(n if sp["sm90a"] else n + "_sm90a",
+               sp if sp["sm90a"] else dict(sp, arch=90, sm90a=True,
+                                           tiles=K.select_tiles(90, sp["dqk"], sp["dv"], True)))
+              for n, sp in vs]
     vs = [(n, sp if sp["sm90a"] else dict(sp, arch=args.arch)) for n, sp in vs]
     if not vs:
         print("no variant matches --select %r" % args.select)
