@@ -27,6 +27,9 @@ from kcache.params import ABI_VERSION, AttentionParams, KcBuffer  # noqa: E402
 from kcache.attention import attention_forward, validate_inputs  # noqa: E402
 from kcache.autograd import attention, attention_backward  # noqa: E402
 from kcache.raw import RawModule, fetch_raw_kernel, raw_kernel  # noqa: E402
+from kcache.flex import (  # noqa: E402
+    BlockMask, RecordedScoreMod, create_block_mask, flex_attention, record_score_mod)
+from kcache.prefetch import prefetch  # noqa: E402
 
 
 
@@ -40,9 +43,10 @@ def __getattr__(name):
 
 
 __all__ = [
-    "ABI_VERSION", "AttentionParams", "Client", "CompileError", "CudaError", "DeadlineExceeded",
-    "Expr", "InvalidArgument", "InvalidSpec", "InvalidType", "KcBuffer", "KcacheError",
-    "KernelResult", "PermissionDenied",
+    "ABI_VERSION", "AttentionParams", "BlockMask", "Client", "CompileError", "CudaError",
+    "DeadlineExceeded", "Expr", "InvalidArgument", "InvalidSpec", "InvalidType", "KcBuffer",
+    "KcacheError", "KernelResult", "PermissionDenied", "RecordedScoreMod", "create_block_mask",
+    "flex_attention", "prefetch", "record_score_mod",
     "RawKernelsDisabled", "RawModule", "Unavailable", "alibi",
     "arch_for_capability", "attention", "attention_backward", "attention_forward", "b", "buffer", "causal", "default_client",
     "document", "drafter", "expr_mask", "fetch_raw_kernel", "h", "kv_idx", "maximum", "minimum",

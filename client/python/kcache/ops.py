@@ -1,0 +1,114 @@
+"""torch.library custom operators kcache::flex_fwd and kcache::flex_bwd.
+
+    out, lse = torch.ops.kcache.flex_fwd(q, k, v, spec, names, buffers)
+    grads = torch.ops.kcache.flex_bwd(q, k, v, out, lse, dout, spec, names, buffers)
+
+spec: a serialized AttentionSpec (base64 text, backward on; kcache.flex.spec_text);
+names/buffers: the launch buffers by spec name, and the built-in masks' inputs as
+"@q_seq_id", "@kv_seq_id", "@anchors", "@keep". grads: [dq, dk, dv] and one gradient per
+buffer the spec declares trainable, in the spec's order. Each has a fake (meta)
+implementation, and flex_fwd is differentiable through flex_bwd (register_autograd), so
+torch.compile(fullgraph=True) keeps them in the graph. CUDA tensors run kcache's kernels
+(kcache.attention_forward / attention_backward: after the first call for a kernel, no RPC
+and no host sync, so CUDA graphs capture them); CPU tensors run the dense reference
+(kcache._reference), for tests.
+"""
+
+import functools
+from typing import List, Tuple
+
+import torch
+
+from kcache import _reference
+from kcache.flex import parse
+
+
+@functools.lru_cache(maxsize=256)
+def _spec(text):
+    from kcache import _protos
+    return parse(_protos.modules()[0].AttentionSpec, text)
+
+
+def _split(names, bufs):
+    buffers, inputs = {}, {}
+    if len(names) != len(bufs):
+        raise ValueError("kcache::flex: %d names for %d buffers" % (len(names), len(bufs)))
+    for n, t in zip(names, bufs):
+        if n.startswith("@"):
+            inputs[n[1:]] = t
+        else:
+            buffers[n] = t
+    return buffers, inputs
+
+
+def _trainable(spec):
+    return [d.name for d in spec.buffers if d.trainable]
+
+
+@torch.library.custom_op("kcache::flex_fwd", mutates_args=())
+def flex_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: str, names: List[str],
+             bufs: List[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
+    s = _spec(spec)
+    buffers, inputs = _split(names, bufs)
+    if q.device.type != "cuda":
+        with torch.no_grad():
+            out, lse = _reference.attention(s, q, k, v, buffers, inputs)
+        return out, lse
+    from kcache.attention import attention_forward
+    return attention_forward(q, k, v, s, lse=True, buffers=buffers or None, **inputs)
+
+
+@flex_fwd.register_fake
+def _(q, k, v, spec, names, bufs):
+    B, H, L, _ = q.shape
+    out = q.new_empty(B, H, L, v.shape[3])
+    return out, q.new_empty(B, H, L, dtype=torch.float32)
+
+
+@torch.library.custom_op("kcache::flex_bwd", mutates_args=())
+def flex_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+             lse: torch.Tensor, dout: torch.Tensor, spec: str, names: List[str],
+             bufs: List[torch.Tensor]) -> List[torch.Tensor]:
+    s = _spec(spec)
+    buffers, inputs = _split(names, bufs)
+    train = _trainable(s)
+    if q.device.type != "cuda":  # the reference, differentiated by autograd
+        with torch.enable_grad():
+            leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+            tb = {n: buffers[n].detach().requires_grad_() for n in train}
+            o, _ = _reference.attention(s, *leaves, dict(buffers, **tb), inputs)
+            gs = torch.autograd.grad(o, leaves + [tb[n] for n in train], dout,
+                                     allow_unused=True)
+        return [g if g is not None else torch.zeros_like(x)
+                for g, x in zip(gs, leaves + [tb[n] for n in train])]
+    from kcache.autograd import attention_backward
+    dq, dk, dv, bg = attention_backward(s, q, k, v, out, lse, dout, buffers=buffers or None,
+                                        **inputs)
+    return [dq, dk, dv] + [bg[n] for n in train]
+
+
+@flex_bwd.register_fake
+def _(q, k, v, out, lse, dout, spec, names, bufs):
+    buffers, _ = _split(names, bufs)
+    return [torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)] + [
+        torch.empty_like(buffers[n]) for n in _trainable(_spec(spec))]
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, spec, names, bufs = inputs
+    out, lse = output
+    ctx.spec, ctx.names, ctx.nbufs = spec, list(names), len(bufs)
+    ctx.save_for_backward(q, k, v, out, lse, *bufs)
+
+
+def _backward(ctx, dout, dlse):
+    q, k, v, out, lse, *bufs = ctx.saved_tensors
+    # dlse: flex's lse is returned for inspection; its gradient is not propagated.
+    grads = flex_bwd(q, k, v, out, lse, dout.contiguous(), ctx.spec, ctx.names, bufs)
+    dq, dk, dv, rest = grads[0], grads[1], grads[2], grads[3:]
+    by_name = dict(zip(_trainable(_spec(ctx.spec)), rest))
+    bgrads = [by_name.get(n) for n in ctx.names]
+    return dq, dk, dv, None, None, bgrads
+
+
+flex_fwd.register_autograd(_backward, setup_context=_setup_context)
