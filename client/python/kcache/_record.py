@@ -561,6 +561,13 @@ class _Partial:
     def __bool__(self):
         self._incomplete()
 
+    def _any(self, *a, **k):
+        self._incomplete()
+
+    __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = __truediv__ = _any
+    __rtruediv__ = __floordiv__ = __mod__ = __eq__ = __ne__ = __lt__ = __le__ = _any
+    __gt__ = __ge__ = __and__ = __rand__ = __or__ = __ror__ = __neg__ = __invert__ = _any
+
     __torch_function__ = Sym.__torch_function__
 
 

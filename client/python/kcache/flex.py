@@ -236,6 +236,32 @@ def _record_score_text(score_mod):
     return part.text
 
 
+def mask_launch(part, captured, B, lq, lkv):
+    """(names, tensors) a recorded mask gives a launch from the captured tensors' current
+    values: expression buffers by spec name, built-in inputs as "@q_seq_id" etc."""
+    import torch
+    names, tensors = [], []
+    for u in part.uses:
+        names.append(u.name)
+        tensors.append(u.make(captured, torch))
+    for name, (slot, elem, rank) in sorted(part.inputs.items()):
+        t = captured[slot]
+        want = torch.int32 if elem == "int" else torch.bool
+        if t.dtype != want:
+            t = t.to(want)
+        if rank == 1:
+            t = t.unsqueeze(0).expand(B, t.shape[0])
+        elif t.shape[0] != B:
+            t = t.expand(B, t.shape[1])
+        if name == "q_seq_id":
+            t = t[:, :lq]
+        elif name == "kv_seq_id":
+            t = t[:, :lkv]
+        names.append("@" + name)
+        tensors.append(t)
+    return names, tensors
+
+
 def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=None,
                    enable_gqa=False, return_lse=False, kernel_options=None):
     """torch.nn.attention.flex_attention with kcache's kernels: [B, H, L, D] bf16/fp16
@@ -281,22 +307,8 @@ def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
 
     names, tensors, decls, trainable = [], [], [], []
     if mask_part is not None:
-        mt = block_mask.tensors
         decls.extend(mask_part.decls)
-        for u in mask_part.uses:
-            names.append(u.name)
-            tensors.append(u.make(mt, torch))
-        for name, (slot, elem, rank) in sorted(mask_part.inputs.items()):
-            t = mt[slot]
-            want = torch.int32 if elem == "int" else torch.bool
-            if t.dtype != want:
-                t = t.to(want)
-            if rank == 1:
-                t = t.unsqueeze(0).expand(B, t.shape[0])
-            if name in ("q_seq_id", "kv_seq_id"):
-                t = t[:, :lq] if name == "q_seq_id" else t[:, :lkv]
-            names.append("@" + name)
-            tensors.append(t)
+        names, tensors = mask_launch(mask_part, block_mask.tensors, B, lq, lkv)
     if score_part is not None:
         decls.extend(score_part.decls)
         for u in score_part.uses:
@@ -315,5 +327,5 @@ def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
             tuple(trainable), dtype, int(dqk), int(dv), int(hq), int(hkv),
             float(scale) if scale else None)
     spec = (_spec_text_const()(*args) if compiling else spec_text(*args))
-    out, lse = ops.flex_fwd(query, key, value, spec, names, tensors)
+    out, lse = ops.flex_fwd(query, key, value, spec, ",".join(names), tensors)
     return (out, lse) if return_lse else out

@@ -4,7 +4,7 @@
     grads = torch.ops.kcache.flex_bwd(q, k, v, out, lse, dout, spec, names, buffers)
 
 spec: a serialized AttentionSpec (base64 text, backward on; kcache.flex.spec_text);
-names/buffers: the launch buffers by spec name, and the built-in masks' inputs as
+names/buffers: the launch buffers by spec name (names comma-separated), and the built-in masks' inputs as
 "@q_seq_id", "@kv_seq_id", "@anchors", "@keep". grads: [dq, dk, dv] and one gradient per
 buffer the spec declares trainable, in the spec's order. Each has a fake (meta)
 implementation, and flex_fwd is differentiable through flex_bwd (register_autograd), so
@@ -14,6 +14,7 @@ and no host sync, so CUDA graphs capture them); CPU tensors run the dense refere
 (kcache._reference), for tests.
 """
 
+import concurrent.futures
 import functools
 from typing import List, Tuple
 
@@ -30,6 +31,7 @@ def _spec(text):
 
 
 def _split(names, bufs):
+    names = names.split(",") if names else []
     buffers, inputs = {}, {}
     if len(names) != len(bufs):
         raise ValueError("kcache::flex: %d names for %d buffers" % (len(names), len(bufs)))
@@ -46,7 +48,7 @@ def _trainable(spec):
 
 
 @torch.library.custom_op("kcache::flex_fwd", mutates_args=())
-def flex_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: str, names: List[str],
+def flex_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: str, names: str,
              bufs: List[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
     s = _spec(spec)
     buffers, inputs = _split(names, bufs)
@@ -67,24 +69,33 @@ def _(q, k, v, spec, names, bufs):
 
 @torch.library.custom_op("kcache::flex_bwd", mutates_args=())
 def flex_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
-             lse: torch.Tensor, dout: torch.Tensor, spec: str, names: List[str],
+             lse: torch.Tensor, dout: torch.Tensor, spec: str, names: str,
              bufs: List[torch.Tensor]) -> List[torch.Tensor]:
     s = _spec(spec)
     buffers, inputs = _split(names, bufs)
     train = _trainable(s)
-    if q.device.type != "cuda":  # the reference, differentiated by autograd
-        with torch.enable_grad():
-            leaves = [t.detach().requires_grad_() for t in (q, k, v)]
-            tb = {n: buffers[n].detach().requires_grad_() for n in train}
-            o, _ = _reference.attention(s, *leaves, dict(buffers, **tb), inputs)
-            gs = torch.autograd.grad(o, leaves + [tb[n] for n in train], dout,
-                                     allow_unused=True)
-        return [g if g is not None else torch.zeros_like(x)
-                for g, x in zip(gs, leaves + [tb[n] for n in train])]
+    if q.device.type != "cuda":
+        return _reference_backward(s, q, k, v, dout, buffers, inputs, train)
     from kcache.autograd import attention_backward
     dq, dk, dv, bg = attention_backward(s, q, k, v, out, lse, dout, buffers=buffers or None,
                                         **inputs)
     return [dq, dk, dv] + [bg[n] for n in train]
+
+
+def _reference_backward(s, q, k, v, dout, buffers, inputs, train):
+    """The reference differentiated by autograd, on a thread of its own: an operator's
+    implementation runs with the autograd dispatch keys excluded (thread-local state), and a
+    new thread starts without that exclusion."""
+    def run():
+        leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+        tb = {n: buffers[n].detach().requires_grad_() for n in train}
+        o, _ = _reference.attention(s, *leaves, dict(buffers, **tb), inputs)
+        xs = leaves + [tb[n] for n in train]
+        gs = torch.autograd.grad(o, xs, dout, allow_unused=True)
+        return [g if g is not None else torch.zeros_like(x) for g, x in zip(gs, xs)]
+
+    with concurrent.futures.ThreadPoolExecutor(1) as ex:
+        return ex.submit(run).result()
 
 
 @flex_bwd.register_fake
@@ -97,7 +108,7 @@ def _(q, k, v, out, lse, dout, spec, names, bufs):
 def _setup_context(ctx, inputs, output):
     q, k, v, spec, names, bufs = inputs
     out, lse = output
-    ctx.spec, ctx.names, ctx.nbufs = spec, list(names), len(bufs)
+    ctx.spec, ctx.names, ctx.nbufs = spec, names, len(bufs)
     ctx.save_for_backward(q, k, v, out, lse, *bufs)
 
 
@@ -107,7 +118,7 @@ def _backward(ctx, dout, dlse):
     grads = flex_bwd(q, k, v, out, lse, dout.contiguous(), ctx.spec, ctx.names, bufs)
     dq, dk, dv, rest = grads[0], grads[1], grads[2], grads[3:]
     by_name = dict(zip(_trainable(_spec(ctx.spec)), rest))
-    bgrads = [by_name.get(n) for n in ctx.names]
+    bgrads = [by_name.get(n) for n in (ctx.names.split(",") if ctx.names else [])]
     return dq, dk, dv, None, None, bgrads
 
 
