@@ -176,17 +176,15 @@ def _check(q, k, v, enable_gqa):
             raise ValueError("kcache.flex_attention: %s must be a 4-D [B, H, L, D] tensor"
                              % name)
     if q.dtype not in (torch.bfloat16, torch.float16):
-        raise InvalidSpec("kcache.flex_attention: dtype %s is not supported (bfloat16 or "
-                          "float16); flex's float32 has no kcache kernel" % q.dtype,
-                          field="spec.dtype")
+        _raise_invalid("kcache.flex_attention: dtype %s is not supported (bfloat16 or "
+                       "float16); flex's float32 has no kcache kernel" % q.dtype, "spec.dtype")
     if k.dtype != q.dtype or v.dtype != q.dtype:
         raise ValueError("kcache.flex_attention: query, key and value dtypes differ (%s, %s, "
                          "%s)" % (q.dtype, k.dtype, v.dtype))
     for name, d in (("query/key", q.shape[3]), ("value", v.shape[3])):
         if d not in _HEAD_DIMS:
-            raise InvalidSpec("kcache.flex_attention: %s head dim %d is not supported (%s)"
-                              % (name, d, ", ".join(map(str, _HEAD_DIMS))),
-                              field="spec.head_dim_qk")
+            _raise_invalid("kcache.flex_attention: %s head dim %d is not supported (%s)"
+                           % (name, d, ", ".join(map(str, _HEAD_DIMS))), "spec.head_dim_qk")
     if k.shape[3] != q.shape[3]:
         raise ValueError("kcache.flex_attention: key head dim %d != query head dim %d"
                          % (k.shape[3], q.shape[3]))
@@ -219,13 +217,8 @@ def spec_text(mask_text, score_text, decls, trainable, dtype, dqk, dv, hq, hkv, 
     return _b64(s)
 
 
-def _spec_text_const():
-    import torch
-    return torch.compiler.assume_constant_result(spec_text)
-
-
 def _record_score_text(score_mod):
-    """(serialized ScoreMod, decls) of a score_mod that captures no tensor (under
+    """The serialized ScoreMod of a score_mod that captures no tensor (under
     torch.compile, where the recording is a constant of the trace)."""
     part = _lower_score(_record.record_score(score_mod))
     if part.tensors:
@@ -234,6 +227,18 @@ def _record_score_text(score_mod):
             "(%d here) must be recorded outside the compiled region: pass "
             "kcache.record_score_mod(score_mod)" % len(part.tensors), field="score_mod")
     return part.text
+
+
+# Under torch.compile these two run once at trace time and their results are constants of
+# the graph (torch.compiler.assume_constant_result only sets this attribute; it is set here
+# so that kcache imports without torch).
+def _raise_invalid(message, field):
+    raise InvalidSpec(message, field=field)
+
+
+spec_text._dynamo_marked_constant = True
+_raise_invalid._dynamo_marked_constant = True  # raised while tracing, as itself
+_record_score_text._dynamo_marked_constant = True
 
 
 def mask_launch(part, captured, B, lq, lkv):
@@ -282,9 +287,9 @@ def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
     if block_mask is not None:
         if not isinstance(block_mask, BlockMask):
             if compiling:
-                raise InvalidSpec("kcache.flex_attention: under torch.compile, pass a "
-                                  "kcache.create_block_mask mask (made outside the compiled "
-                                  "region)", field="block_mask")
+                _raise_invalid("kcache.flex_attention: under torch.compile, pass a "
+                               "kcache.create_block_mask mask (made outside the compiled "
+                               "region), not torch's BlockMask", "block_mask")
             block_mask = _torch_block_mask(block_mask)
         if tuple(block_mask.seq_lengths) != (lq, lkv):
             raise ValueError("kcache.flex_attention: block_mask is for lengths %s, the inputs "
@@ -298,7 +303,7 @@ def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
             score_part = score_mod._part
             score_tensors = score_mod.tensors
         elif compiling:
-            score_text = torch.compiler.assume_constant_result(_record_score_text)(score_mod)
+            score_text = _record_score_text(score_mod)
         else:
             score_part = _lower_score(_record.record_score(score_mod))
             score_tensors = score_part.tensors
@@ -326,6 +331,6 @@ def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
     args = (mask_part.text if mask_part is not None else None, score_text, tuple(decls),
             tuple(trainable), dtype, int(dqk), int(dv), int(hq), int(hkv),
             float(scale) if scale else None)
-    spec = (_spec_text_const()(*args) if compiling else spec_text(*args))
+    spec = spec_text(*args)
     out, lse = ops.flex_fwd(query, key, value, spec, ",".join(names), tensors)
     return (out, lse) if return_lse else out
