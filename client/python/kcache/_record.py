@@ -16,12 +16,10 @@ the divisor (c * (A // c) == A - A % c), and a captured tensor indexed with
 """
 
 import math
-import os
 import sys
 
 from kcache.errors import InvalidSpec
 
-_PKG_DIR = os.path.dirname(os.path.abspath(__file__))
 
 # Binary op codes of kcache.v1.BinaryExpr / UnaryExpr.
 ADD, SUB, MUL, DIV, MOD, MIN, MAX, EQ, NE, LT, LE, GT, GE, AND, OR = range(1, 16)
@@ -36,8 +34,8 @@ def _user_site():
     """file:line of the innermost frame outside kcache and torch (the user's code)."""
     f = sys._getframe(1)
     while f is not None:
-        fn = os.path.abspath(f.f_code.co_filename)
-        if not fn.startswith(_PKG_DIR) and os.sep + "torch" + os.sep not in fn:
+        mod = f.f_globals.get("__name__", "")
+        if not (mod == "kcache" or mod.startswith(("kcache.", "torch"))):
             return "%s:%d" % (f.f_code.co_filename, f.f_lineno)
         f = f.f_back
     return "<unknown>"
@@ -63,7 +61,7 @@ class Node:
         self.kind, self.type, self.op, self.args, self.value = kind, type_, op, tuple(args), value
         self.site = site
         self.key = (kind, op, value if kind != "read" else value[0],
-                    tuple(a.key for a in self.args))
+                    tuple([a.key for a in self.args]))
 
     def has_div(self):
         if self.kind == "fdiv":
