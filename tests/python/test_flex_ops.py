@@ -231,3 +231,18 @@ def test_opcheck_of_the_custom_ops():
     # tests/python/gpu_flex.py
     torch.library.opcheck(torch.ops.kcache.flex_fwd.default, args)
     del docs
+
+
+def test_compiled_function_follows_the_mask_and_score_mod_it_is_given():
+    q, k, v = _qkv(1, 2, 2, 64, 64)
+    docs = torch.zeros(1, 64, dtype=torch.int64)
+    docs[:, 30:] = 1
+
+    def f(q, k, v, bm, sm):
+        return kcache.flex_attention(q, k, v, block_mask=bm, score_mod=sm)
+    cf = torch.compile(f, fullgraph=True, backend="aot_eager")
+    for bm in (kcache.create_block_mask(causal, None, None, 64, 64, device="cpu"),
+               kcache.create_block_mask(sliding(5), None, None, 64, 64, device="cpu"),
+               kcache.create_block_mask(document(docs), 1, None, 64, 64, device="cpu")):
+        for sm in (softcap, relative_bias):
+            assert torch.equal(cf(q, k, v, bm, sm), f(q, k, v, bm, sm)), (bm, sm)

@@ -280,3 +280,12 @@ def test_block_mask_surface():
     bm2 = kcache.create_block_mask(document(docs), 1, 1, 32, 32).to("cpu")
     assert bm2.builtin == "document" and bm2.tensors[0].device.type == "cpu"
     assert bm2.spec_mask() == kcache.document(causal=True)
+
+
+def test_expression_language_trainable_buffer():
+    bias = kcache.buffer("bias", "float32", rank=2, trainable=True)
+    s = kcache.spec(q_heads=4, score_mod=kcache.score_expr(kcache.score + bias[kcache.h,
+                                                                               kcache.kv_idx]))
+    assert [(d.name, d.trainable) for d in s.buffers] == [("bias", True)]
+    with pytest.raises(ValueError, match="float32"):
+        kcache.buffer("x", "int32", trainable=True)

@@ -30,7 +30,7 @@ SpecLike = Union["spec_pb2.AttentionSpec", str, bytes, Mapping[str, Any]]
 # An Expr, or a Python constant that becomes one.
 ExprLike = Union["Expr", bool, int, float]
 # {buffer name: (element type "int32" / "float32" / "bool", rank)}
-BufferDecls = Dict[str, Tuple[str, int]]
+BufferDecls = Dict[str, Tuple[Any, ...]]  # name -> (elem type, rank[, trainable])
 
 _DTYPES = {"bf16": 1, "bfloat16": 1, "fp16": 2, "float16": 2, "half": 2}
 _ELEM = {"int32": 1, "float32": 2, "float": 2, "bool": 3}
@@ -120,7 +120,7 @@ def score_expr(value: ExprLike) -> _Tagged:
 class _Tagged:
     """A MaskSpec/ScoreMod with the buffer declarations its expression needs."""
 
-    def __init__(self, msg: Any, buffers: Mapping[str, Tuple[str, int]]) -> None:
+    def __init__(self, msg: Any, buffers: Mapping[str, Tuple[Any, ...]]) -> None:
         self.msg = msg
         self.buffers = dict(buffers)
 
@@ -147,7 +147,7 @@ class Expr:
     __hash__ = None  # type: ignore[assignment]  # == builds an expression
 
     def __init__(self, proto: spec_pb2.Expr,
-                 buffers: Optional[Mapping[str, Tuple[str, int]]] = None) -> None:
+                 buffers: Optional[Mapping[str, Tuple[Any, ...]]] = None) -> None:
         self.proto = proto
         self.buffers = dict(buffers or {})  # name -> (elem type, rank)
 
@@ -204,7 +204,7 @@ class Expr:
                           "and no chained comparisons")
 
 
-def _merge(a: Mapping[str, Tuple[str, int]], b: Mapping[str, Tuple[str, int]]) -> BufferDecls:
+def _merge(a: Mapping[str, Tuple[Any, ...]], b: Mapping[str, Tuple[Any, ...]]) -> BufferDecls:
     out = dict(a)
     for name, decl in b.items():
         if name in out and out[name] != decl:
@@ -268,13 +268,19 @@ class buffer:  # noqa: N801 (reads like a function at the call site)
     """A named launch-time buffer: `buffer("prefix", "int32")[kcache.b]`.
 
     rank defaults to 1; indexing with fewer or more indices than the rank is
-    an error. The tensor is passed to attention_forward(buffers={name: t})."""
+    an error. The tensor is passed to attention_forward(buffers={name: t}).
+    trainable (float32, score modifications): kcache.attention returns its gradient."""
 
-    def __init__(self, name: str, dtype: str = "int32", rank: int = 1) -> None:
+    def __init__(self, name: str, dtype: str = "int32", rank: int = 1,
+                 trainable: bool = False) -> None:
         if dtype not in _ELEM:
             raise InvalidArgument("buffer %r: dtype must be one of %s" % (name, sorted(_ELEM)),
                                   "dtype")
+        if trainable and _ELEM[dtype] != _ELEM["float32"]:
+            raise InvalidArgument("buffer %r: a trainable buffer is float32, not %s"
+                                  % (name, dtype), "trainable")
         self.name, self.dtype, self.rank = name, dtype, int(rank)
+        self.trainable = bool(trainable)
 
     def __getitem__(self, idx: Union[ExprLike, Tuple[ExprLike, ...]]) -> Expr:
         idx = idx if isinstance(idx, tuple) else (idx,)
@@ -283,7 +289,7 @@ class buffer:  # noqa: N801 (reads like a function at the call site)
                                   % (self.name, self.rank, len(idx)), self.name)
         e = _pb().Expr()
         e.read.buffer = self.name
-        bufs = {self.name: (self.dtype, self.rank)}
+        bufs = {self.name: (self.dtype, self.rank) + ((True,) if self.trainable else ())}
         for i in idx:
             ie = _as_expr(i)
             e.read.index.add().CopyFrom(ie.proto)
@@ -319,12 +325,12 @@ def spec(dtype: str = "bf16", head_dim: int = 128, q_heads: Optional[int] = None
          mask: Union[spec_pb2.MaskSpec, _Tagged, None] = None,
          score_mod: Union[spec_pb2.ScoreMod, _Tagged, None] = None,
          softmax_scale: Optional[float] = None,
-         buffers: Optional[Mapping[str, Tuple[str, int]]] = None, return_lse: bool = False,
+         buffers: Optional[Mapping[str, Tuple[Any, ...]]] = None, return_lse: bool = False,
          backward: bool = False, deterministic: bool = False,
          tuning: Optional[Mapping[str, int]] = None) -> spec_pb2.AttentionSpec:
     """A kcache.v1.AttentionSpec. mask / score_mod: from the helpers above (or the messages).
 
-    buffers: extra {name: (dtype, rank)} declarations; those read by
+    buffers: extra {name: (dtype, rank[, trainable])} declarations; those read by
     expressions are declared automatically. tuning: dict of block_m, block_n,
     num_warps, stages."""
     pb = _pb()
@@ -349,9 +355,10 @@ def spec(dtype: str = "bf16", head_dim: int = 128, q_heads: Optional[int] = None
             part = part.msg
         field.CopyFrom(part)
     for name in sorted(decls):
-        dt, rank = decls[name]
+        dt, rank = decls[name][:2]
         d = s.buffers.add()
         d.name, d.type, d.rank = name, _ELEM[dt], int(rank)
+        d.trainable = len(decls[name]) > 2 and bool(decls[name][2])
     s.return_lse = bool(return_lse)
     s.backward = bool(backward)
     s.deterministic = bool(deterministic)
