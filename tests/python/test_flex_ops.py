@@ -246,3 +246,40 @@ def test_compiled_function_follows_the_mask_and_score_mod_it_is_given():
                kcache.create_block_mask(document(docs), 1, None, 64, 64, device="cpu")):
         for sm in (softcap, relative_bias):
             assert torch.equal(cf(q, k, v, bm, sm), f(q, k, v, bm, sm)), (bm, sm)
+
+
+def test_score_mod_masking_with_minus_inf_joins_the_mask():
+    q, k, v = _qkv(2, 2, 2, 96, 96)
+    prefix = torch.tensor([10, 50])
+
+    def causal_by_score(score, b, h, q_idx, kv_idx):
+        return torch.where(q_idx >= kv_idx, score * 0.5, -float("inf"))
+
+    def prefix_by_score(score, b, h, q_idx, kv_idx):
+        return torch.where(kv_idx < prefix[b], -float("inf"), score)
+
+    bm = kcache.create_block_mask(sliding(20), None, None, 96, 96, device="cpu")
+    tbm = tfa.create_block_mask(sliding(20), None, None, 96, 96, device="cpu")
+    for sm, m, tm in ((causal_by_score, None, None), (prefix_by_score, bm, tbm),
+                      (causal_by_score, bm, tbm)):
+        out, lse = kcache.flex_attention(q, k, v, score_mod=sm, block_mask=m, return_lse=True)
+        want, wlse = tfa.flex_attention(q, k, v, score_mod=sm, block_mask=tm, return_lse=True)
+        torch.testing.assert_close(out.float(), want.float(), atol=2e-2, rtol=2e-2)
+        assert torch.equal(torch.isinf(lse), torch.isinf(wlse))
+    from kcache import _record
+    from kcache.flex import _lower_mask
+    joined = _record.join_masks(None, _record.record_score(causal_by_score))
+    assert _lower_mask(joined, 96, 96).builtin.kind == "causal"
+
+
+def _inf_inside(score, b, h, q_idx, kv_idx):
+    return torch.maximum(score, torch.where(q_idx > 3, -float("inf"), score))  # MARK
+
+
+def test_other_non_finite_constants_are_refused():
+    from kcache import _record
+    with pytest.raises(InvalidSpec, match="non-finite constant -inf .*test_flex_ops.py:%d"
+                       % (_inf_inside.__code__.co_firstlineno + 1)):
+        _record.record_score(_inf_inside)
+    with pytest.raises(InvalidSpec, match="non-finite"):
+        _record.record_score(lambda s, b, h, q, kv: s + float("nan"))

@@ -90,6 +90,8 @@ def const(x):
             _fail("the int constant %d (outside int32)" % x)
         return Node("const", "int", value=int(x))
     if isinstance(x, float):
+        if not math.isfinite(x):  # allowed only as where(cond, score, -inf): see record_score
+            return Node("const", "float", value=float(x), site=_user_site())
         return Node("const", "float", value=float(x))
     return None
 
@@ -590,6 +592,7 @@ class Recording:
         self.tensors = []  # captured tensors, in order of first use
         self._slot = {}  # id(tensor) -> slot
         self.root = None
+        self.mask_pred = None  # score_mod only: where the score is not -inf
 
     # -- tensors ------------------------------------------------------------
     def slot(self, t):
@@ -751,13 +754,74 @@ def record_mask(mask_mod):
 
 
 def record_score(score_mod):
-    """Records score_mod(score, b, h, q_idx, kv_idx) (-> float). Returns a Recording."""
+    """Records score_mod(score, b, h, q_idx, kv_idx) (-> float). Returns a Recording.
+
+    kcache's expressions have no infinite constants, so flex's idiom of masking in the
+    score_mod, torch.where(cond, score, -inf) at the top (nested too), is taken apart:
+    rec.root is the score where visible and rec.mask_pred the condition (None when there
+    is none); flex_attention ANDs it into the mask. Any other non-finite constant is an
+    error."""
     rec = Recording(_torch())
     root = _record(score_mod, [Node("score", "float")] + _index_vars(), rec, "score_mod")
     if root.type == "bool":
         raise InvalidSpec("kcache: score_mod returned a bool value, expected float (%s)"
                           % _fn_site(score_mod), field="score_mod")
-    rec.root = to_float(root)
+    root = to_float(root)
+    pred = None
+    while root.kind == "sel":
+        c, t, f = root.args
+        if _is_neg_inf(f):
+            cond, root = c, t
+        elif _is_neg_inf(t):
+            cond, root = unary(NOT, c), f
+        else:
+            break
+        pred = cond if pred is None else binary(AND, pred, cond)
+    bad = _non_finite(root) or (_non_finite(pred) if pred is not None else None)
+    if bad is not None:
+        raise InvalidSpec("kcache: cannot record the non-finite constant %r (at %s): kcache's "
+                          "expressions hold finite numbers; a score_mod may use -inf only as "
+                          "torch.where(cond, score, -inf) around its result"
+                          % (bad.value, bad.site), field="score_mod")
+    rec.root, rec.mask_pred = root, pred
+    return rec
+
+
+def _is_neg_inf(n):
+    return n.kind == "const" and n.type == "float" and n.value == -math.inf
+
+
+def _non_finite(n):
+    if n.kind == "const" and n.type == "float" and not math.isfinite(n.value):
+        return n
+    for a in n.args:
+        r = _non_finite(a)
+        if r is not None:
+            return r
+    return None
+
+
+def reslot(n, offset):
+    """n with every captured-tensor slot moved by `offset` (to join two recordings)."""
+    if offset == 0:
+        return n
+    args = tuple(reslot(a, offset) for a in n.args)
+    if n.kind == "read":
+        (tag, slot, scalar), rank = n.value
+        return Node("read", n.type, args=args, value=((tag, slot + offset, scalar), rank))
+    if not args:
+        return n
+    return Node(n.kind, n.type, n.op, args, n.value, n.site)
+
+
+def join_masks(mask_rec, score_rec):
+    """A Recording of mask_rec's mask AND score_rec's mask_pred (mask_rec may be None), with
+    the captured tensors of both (the mask's first)."""
+    rec = Recording(score_rec.torch)
+    mt = list(mask_rec.tensors) if mask_rec is not None else []
+    rec.tensors = mt + list(score_rec.tensors)
+    pred = reslot(score_rec.mask_pred, len(mt))
+    rec.root = pred if mask_rec is None else binary(AND, mask_rec.root, pred)
     return rec
 
 

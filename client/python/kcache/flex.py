@@ -28,25 +28,25 @@ class _Part:
     message, serialized, for the spec), `uses` (BufferUse: launch buffers from the captured
     tensors) and `inputs` (built-in masks' launch inputs: name -> (slot, elem, rank))."""
 
-    __slots__ = ("text", "uses", "inputs", "decls", "builtin", "tensors")
+    __slots__ = ("text", "uses", "inputs", "decls", "builtin", "tensors", "rec")
 
-    def __init__(self, text, uses, inputs, decls, builtin, tensors):
+    def __init__(self, text, uses, inputs, decls, builtin, tensors, rec=None):
         self.text, self.uses, self.inputs, self.decls = text, uses, inputs, decls
-        self.builtin, self.tensors = builtin, tensors
+        self.builtin, self.tensors, self.rec = builtin, tensors, rec
 
 
 def _lower_mask(rec, q_len, kv_len):
     b = _recognize.recognize(rec, q_len, kv_len)
     if b is not None:
         m = b.mask_spec()
-        return _Part(_b64(m), (), b.inputs, (), b, list(rec.tensors))
+        return _Part(_b64(m), (), b.inputs, (), b, list(rec.tensors), rec)
     low = _record.Lowering("mask")
     e = low.lower(rec.root)
     from kcache import _protos
     pb = _protos.modules()[0]
     m = pb.MaskSpec()
     m.expr.predicate.CopyFrom(e)
-    return _Part(_b64(m), tuple(low.uses), {}, _decls(low.uses), None, list(rec.tensors))
+    return _Part(_b64(m), tuple(low.uses), {}, _decls(low.uses), None, list(rec.tensors), rec)
 
 
 def _lower_score(rec):
@@ -56,7 +56,7 @@ def _lower_score(rec):
     pb = _protos.modules()[0]
     s = pb.ScoreMod()
     s.expr.value.CopyFrom(e)
-    return _Part(_b64(s), tuple(low.uses), {}, _decls(low.uses), None, list(rec.tensors))
+    return _Part(_b64(s), tuple(low.uses), {}, _decls(low.uses), None, list(rec.tensors), rec)
 
 
 def _b64(msg):
@@ -131,7 +131,7 @@ class BlockMask:
         dev = torch.device(device)
         moved = [t.to(dev) if isinstance(t, torch.Tensor) else t for t in self.tensors]
         p = self._part
-        part = _Part(p.text, p.uses, p.inputs, p.decls, p.builtin, moved)
+        part = _Part(p.text, p.uses, p.inputs, p.decls, p.builtin, moved, p.rec)
         return BlockMask(self.mask_mod, *self.shape, device=dev, BLOCK_SIZE=self.BLOCK_SIZE,
                          part=part)
 
@@ -226,7 +226,14 @@ def _record_score_text(score_mod):
             "kcache.flex_attention: under torch.compile, a score_mod that captures tensors "
             "(%d here) must be recorded outside the compiled region: pass "
             "kcache.record_score_mod(score_mod)" % len(part.tensors), field="score_mod")
+    if part.rec.mask_pred is not None:
+        raise InvalidSpec(_NO_INF_UNDER_COMPILE, field="score_mod")
     return part.text
+
+
+_NO_INF_UNDER_COMPILE = (
+    "kcache.flex_attention: under torch.compile, a score_mod cannot mask with "
+    "torch.where(cond, score, -inf): put cond in the mask_mod (kcache.create_block_mask)")
 
 
 # Under torch.compile these two run once at trace time and their results are constants of
@@ -310,10 +317,21 @@ def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
         if score_part is not None:
             score_text = score_part.text
 
+    mask_tensors = block_mask.tensors if block_mask is not None else []
+    if score_part is not None and score_part.rec.mask_pred is not None:
+        # torch.where(cond, score, -inf) in the score_mod: cond joins the mask
+        if compiling:
+            _raise_invalid(_NO_INF_UNDER_COMPILE, "score_mod")
+        joined = _record.join_masks(mask_part.rec if mask_part is not None else None,
+                                    score_part.rec)
+        mask_tensors = list(mask_tensors) + list(score_tensors)
+        joined.tensors = mask_tensors
+        mask_part = _lower_mask(joined, lq, lkv)
+
     names, tensors, decls, trainable = [], [], [], []
     if mask_part is not None:
         decls.extend(mask_part.decls)
-        names, tensors = mask_launch(mask_part, block_mask.tensors, B, lq, lkv)
+        names, tensors = mask_launch(mask_part, mask_tensors, B, lq, lkv)
     if score_part is not None:
         decls.extend(score_part.decls)
         for u in score_part.uses:
