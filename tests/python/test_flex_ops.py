@@ -283,3 +283,50 @@ def test_other_non_finite_constants_are_refused():
         _record.record_score(_inf_inside)
     with pytest.raises(InvalidSpec, match="non-finite"):
         _record.record_score(lambda s, b, h, q, kv: s + float("nan"))
+
+
+class _AsCuda:
+    """A CPU tensor that says it is on cuda:0, for kcache.validate_inputs (which reads only
+    shape, stride, dtype, device and data_ptr)."""
+
+    def __init__(self, t):
+        self.t = t
+        self.shape, self.dtype = t.shape, t.dtype
+        self.device = torch.device("cuda", 0)
+
+    def stride(self, *a):
+        return self.t.stride(*a)
+
+    def data_ptr(self):
+        return self.t.data_ptr()
+
+    def dim(self):
+        return self.t.dim()
+
+    def view(self, dtype):
+        return _AsCuda(self.t.view(dtype))
+
+
+@pytest.mark.parametrize("name,mm,sm,L,KV", _cases(), ids=[c[0] for c in _cases()])
+def test_launch_arguments_pass_the_launchers_validation(name, mm, sm, L, KV):
+    """What the CUDA path would hand kcache.attention_forward / attention_backward passes
+    their checks (buffer names, ranks and dtypes, built-in mask inputs)."""
+    from kcache import _protos
+    from kcache.attention import normalize_drafter_inputs, validate_inputs
+    from kcache.flex import launch_args, parse
+    B, H = 2, 4
+    q, k, v = _qkv(B, H, 2, L, KV, D=128)
+    bm = kcache.create_block_mask(mm, B, None, L, KV, device="cpu") if mm else None
+    text, names, tensors = launch_args(q, k, v, sm, bm, None, True)
+    spec = parse(_protos.modules()[0].AttentionSpec, text)
+    assert spec.backward and spec.return_lse and spec.num_kv_heads == 2
+    bufs = {n: _AsCuda(t) for n, t in zip(names, tensors) if not n.startswith("@")}
+    inputs = {n[1:]: t for n, t in zip(names, tensors) if n.startswith("@")}
+    if "anchors" in inputs:
+        inputs["anchors"], inputs["keep"] = normalize_drafter_inputs(
+            torch, inputs["anchors"], inputs.get("keep"))
+    inputs = {n: _AsCuda(t) if t is not None else None for n, t in inputs.items()}
+    o = torch.empty(B, H, L, 128, dtype=q.dtype)
+    plan = validate_inputs(spec, _AsCuda(q), _AsCuda(k), _AsCuda(v), out=_AsCuda(o),
+                           buffers=bufs or None, **inputs)
+    assert plan.num_kv_heads == 2 and plan.q_len == L and plan.kv_len == KV

@@ -281,9 +281,19 @@ def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
     tensors captured by score_mod with requires_grad. Returns out, or (out, lse) with
     return_lse (float32 [B, Hq, Lq], natural log, as flex). block_mask: kcache's or torch's
     BlockMask (its mask_mod is recorded). kernel_options is accepted and ignored."""
-    import torch
     from kcache import ops
     del kernel_options
+    spec, names, tensors = launch_args(query, key, value, score_mod, block_mask, scale,
+                                       enable_gqa)
+    out, lse = ops.flex_fwd(query, key, value, spec, ",".join(names), tensors)
+    return (out, lse) if return_lse else out
+
+
+def launch_args(query, key, value, score_mod=None, block_mask=None, scale=None,
+                enable_gqa=False):
+    """(spec, names, tensors) flex_attention passes to kcache::flex_fwd: the serialized
+    AttentionSpec (backward on) and the launch buffers / built-in mask inputs by name."""
+    import torch
     _check(query, key, value, enable_gqa)
     B, hq, lq, dqk = query.shape
     hkv, lkv, dv = key.shape[1], key.shape[2], value.shape[3]
@@ -336,19 +346,18 @@ def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
         decls.extend(score_part.decls)
         for u in score_part.uses:
             t = u.make(score_tensors, torch)
-            names.append(u.name)
-            tensors.append(t)
             if t.requires_grad:
                 if u.elem != "float":
-                    raise InvalidSpec("kcache.flex_attention: a captured %s tensor requires "
-                                      "grad; only float tensors are trainable" % u.elem,
-                                      field="score_mod")
+                    _raise_invalid("kcache.flex_attention: a captured %s tensor requires "
+                                   "grad; only float tensors are trainable" % u.elem,
+                                   "score_mod")
                 trainable.append(u.name)
+                t = t.contiguous()  # its gradient is written with the buffer's strides
+            names.append(u.name)
+            tensors.append(t)
 
     dtype = _DTYPE_NAMES[str(query.dtype).replace("torch.", "")]
     args = (mask_part.text if mask_part is not None else None, score_text, tuple(decls),
             tuple(trainable), dtype, int(dqk), int(dv), int(hq), int(hkv),
             float(scale) if scale else None)
-    spec = spec_text(*args)
-    out, lse = ops.flex_fwd(query, key, value, spec, ",".join(names), tensors)
-    return (out, lse) if return_lse else out
+    return spec_text(*args), names, tensors

@@ -76,7 +76,11 @@ def flex_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tenso
     train = _trainable(s)
     if q.device.type != "cuda":
         return _reference_backward(s, q, k, v, dout, buffers, inputs, train)
+    from kcache.attention import normalize_drafter_inputs
     from kcache.autograd import attention_backward
+    if "anchors" in inputs:  # keep as int8, one batch stride for both (as the forward)
+        inputs["anchors"], inputs["keep"] = normalize_drafter_inputs(
+            torch, inputs["anchors"], inputs.get("keep"))
     dq, dk, dv, bg = attention_backward(s, q, k, v, out, lse, dout, buffers=buffers or None,
                                         **inputs)
     return [dq, dk, dv] + [bg[n] for n in train]
