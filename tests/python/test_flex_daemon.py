@@ -78,3 +78,25 @@ def test_prefetch_schedules_without_waiting(daemon):
     with pytest.raises(kcache.InvalidSpec, match="need shapes"):
         kcache.prefetch([dflash(anchors, keep, 100, 16)], [], arch=ARCH, client=c)
     c.close()
+
+
+def test_prefetch_keys_equal_flex_attentions(daemon):
+    """Functions with captured tensors and a -inf score_mod: prefetch asks for exactly the
+    kernel flex_attention will."""
+    from kcache.flex import launch_args
+    c = kcache.Client(daemon.target)
+    anchors, keep = torch.zeros(2, 4, dtype=torch.int64), torch.ones(2, 4, dtype=torch.bool)
+    table = torch.randn(8, 164, requires_grad=True)
+
+    def sm(score, b, h, q_idx, kv_idx):
+        return torch.where(kv_idx < 150, score + table[h, kv_idx], -float("inf"))
+    item = dict(mask_mod=dflash(anchors, keep, 100, 16), score_mod=sm)
+    shape = dict(q_heads=8, kv_heads=2, head_dim=128, q_len=64, kv_len=164)
+    res = kcache.prefetch([item], [shape], arch=ARCH, client=c)
+    q = torch.empty(2, 8, 64, 128, dtype=torch.bfloat16)
+    k = v = torch.empty(2, 2, 164, 128, dtype=torch.bfloat16)
+    bm = kcache.create_block_mask(dflash(anchors, keep, 100, 16), 2, None, 64, 164)
+    text, _, _ = launch_args(q, k, v, sm, bm, None, True)
+    r = c.get_kernel(parse(_protos.modules()[0].AttentionSpec, text), arch=ARCH, timeout=600)
+    assert res[0].state in (1, 2) and r.record.key == res[0].key
+    c.close()

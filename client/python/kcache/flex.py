@@ -263,7 +263,7 @@ def mask_launch(part, captured, B, lq, lkv):
             t = t.to(want)
         if rank == 1:
             t = t.unsqueeze(0).expand(B, t.shape[0])
-        elif t.shape[0] != B:
+        elif t.shape[0] == 1 and B != 1:
             t = t.expand(B, t.shape[1])
         if name == "q_seq_id":
             t = t[:, :lq]

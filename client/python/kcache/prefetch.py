@@ -2,7 +2,6 @@
 without waiting for them or launching anything."""
 
 from kcache import flex as _flex
-from kcache import _record
 from kcache.errors import InvalidSpec
 
 
@@ -28,10 +27,10 @@ def _shape(s):
 
 
 def _specs_for(item, shape):
-    """Serialized specs (base64) that flex_attention would ask for."""
+    """Serialized specs (base64) that flex_attention would ask for: its own launch_args on
+    meta tensors of the shape, so that the keys are the same."""
+    import torch
     from kcache import specs
-    mask_text = score_text = None
-    decls = []
     if isinstance(item, dict) and ("mask_mod" in item or "score_mod" in item):
         mm, sm = item.get("mask_mod"), item.get("score_mod")
     elif isinstance(item, _flex.BlockMask) or callable(item):
@@ -39,28 +38,19 @@ def _specs_for(item, shape):
     else:  # an AttentionSpec, JSON or dict: as given, with backward on (flex's kernels)
         from kcache.autograd import backward_spec
         return [_flex._b64(backward_spec(specs.to_spec(item)))]
-    if mm is not None:
-        if isinstance(mm, _flex.BlockMask):
-            part = mm._part
-        else:
-            if shape.q_len is None:
-                raise InvalidSpec("kcache.prefetch: a mask_mod needs q_len and kv_len in the "
-                                  "shape (to recognize built-in masks)", field="shapes")
-            part = _flex._lower_mask(_record.record_mask(mm), int(shape.q_len),
-                                     int(shape.kv_len))
-        mask_text = part.text
-        decls.extend(part.decls)
-    trainable = ()
-    if sm is not None:
-        part = sm._part if isinstance(sm, _flex.RecordedScoreMod) else _flex._lower_score(
-            _record.record_score(sm))
-        score_text = part.text
-        decls.extend(part.decls)
-        trainable = tuple(u.name for u in part.uses
-                          if getattr(part.tensors[u.slot], "requires_grad", False))
-    return [_flex.spec_text(mask_text, score_text, tuple(decls), trainable, shape.dtype,
-                            shape.head_dim, shape.head_dim_v, shape.q_heads, shape.kv_heads,
-                            shape.scale)]
+    if shape.q_len is None:
+        raise InvalidSpec("kcache.prefetch: a mask or function needs q_len (and kv_len) in "
+                          "the shape", field="shapes")
+    lq, lkv = int(shape.q_len), int(shape.kv_len)
+    dt = {"bf16": torch.bfloat16, "fp16": torch.float16}[shape.dtype]
+    q = torch.empty(1, shape.q_heads, lq, shape.head_dim, dtype=dt, device="meta")
+    k = torch.empty(1, shape.kv_heads, lkv, shape.head_dim, dtype=dt, device="meta")
+    v = torch.empty(1, shape.kv_heads, lkv, shape.head_dim_v, dtype=dt, device="meta")
+    bm = mm
+    if mm is not None and not isinstance(mm, _flex.BlockMask):
+        bm = _flex.create_block_mask(mm, None, None, lq, lkv, device=None)
+    text, _, _ = _flex.launch_args(q, k, v, sm, bm, shape.scale, True)
+    return [text]
 
 
 def prefetch(specs_or_functions, shapes=(), *, arch=None, client=None, timeout=30.0):
