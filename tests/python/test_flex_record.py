@@ -289,3 +289,15 @@ def test_expression_language_trainable_buffer():
     assert [(d.name, d.trainable) for d in s.buffers] == [("bias", True)]
     with pytest.raises(ValueError, match="float32"):
         kcache.buffer("x", "int32", trainable=True)
+
+
+def test_torch_mask_combinators_record():
+    from torch.nn.attention.flex_attention import and_masks, or_masks, noop_mask
+    prefix = torch.tensor([20, 3])
+    for fn, builtin in ((noop_mask, "none"), (and_masks(causal, sliding(8)), "sliding_window"),
+                        (or_masks(causal, prefix_lm(prefix)), None),
+                        (and_masks(noop_mask, causal), "causal")):
+        bm = kcache.create_block_mask(fn, 2, 1, 100, 100, device="cpu")
+        assert bm.builtin == builtin
+        assert torch.equal(eval_recorded(bm, 2, 1, 100, 100),
+                           t_mask(fn, 2, 1, 100, 100, device="cpu").expand(2, 1, 100, 100))

@@ -517,6 +517,33 @@ class Sym:
     def bool(self):
         return self._cast(self._rec.torch.bool)
 
+    # Scalars made from a symbolic value (torch's noop_mask, and_masks, or_masks).
+    def new_ones(self, size=(), dtype=None, **kw):
+        return self._new_scalar(size, 1, dtype)
+
+    def new_zeros(self, size=(), dtype=None, **kw):
+        return self._new_scalar(size, 0, dtype)
+
+    def new_full(self, size, fill_value, dtype=None, **kw):
+        return self._new_scalar(size, fill_value, dtype)
+
+    def _new_scalar(self, size, value, dtype):
+        if tuple(size) != ():
+            _fail("a new tensor of size %s from a symbolic value (only scalars, size ())"
+                  % (tuple(size),))
+        torch = self._rec.torch
+        if dtype is None:
+            dtype = self.dtype
+        if dtype == torch.bool:
+            return Sym(const(bool(value)), self._rec)
+        if dtype.is_floating_point:
+            return Sym(const(float(value)), self._rec)
+        return Sym(const(int(value)), self._rec)
+
+    @property
+    def device(self):
+        return None
+
     @property
     def dtype(self):
         torch = self._rec.torch
