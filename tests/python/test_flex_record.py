@@ -43,6 +43,7 @@ def _cases():
         ("prefix_lm", prefix_lm(prefix), 2, 1, 256, 256, None),
         ("block_diagonal", block_diagonal(24), 1, 1, 200, 200, None),
         ("dilated", dilated, 1, 1, 150, 150, None),
+        ("abs_window", lambda b, h, q, kv: abs(q - kv) <= 9, 1, 1, 140, 140, "sliding_window"),
         ("head_dependent", head_dependent, 1, 3, 130, 130, None),
     ]
 
@@ -76,7 +77,9 @@ def test_builtins_give_the_builtin_specs():
     assert mk(lambda b, h, q, kv: q - kv >= 0) == kcache.causal()
     assert mk(sliding(16)) == kcache.sliding_window(16, 0)
     assert mk(lambda b, h, q, kv: (q - kv < 16) & (kv - q < 4)) == kcache.sliding_window(15, 3)
-    assert mk(lambda b, h, q, kv: abs(q - kv) < 5).WhichOneof("kind") == "expr"
+    assert mk(lambda b, h, q, kv: abs(q - kv) < 5) == kcache.sliding_window(4, 4)
+    assert mk(lambda b, h, q, kv: (kv - q).abs() <= 7) == kcache.sliding_window(7, 7)
+    assert mk(lambda b, h, q, kv: abs(q - kv) > 5).WhichOneof("kind") == "expr"
     assert mk(lambda b, h, q, kv: q > kv).WhichOneof("kind") == "expr"  # strict: no built-in
     assert mk(document(docs)) == kcache.document(causal=True)
     assert mk(document(docs, False)) == kcache.document()

@@ -134,10 +134,27 @@ def _diff_bounds(atoms):
     return lo, hi
 
 
+def _split_abs(a):
+    """|kv - q| + c <= 0 (or <) as the two atoms on kv - q; other atoms as they are."""
+    if len(a.coefs) != 1 or a.op not in (R.LE, R.LT):
+        return [a]
+    (k, co), = a.coefs.items()
+    n = a.nodes.get(k)
+    if co != 1 or n is None or n.kind != "un" or n.op != R.ABS:
+        return [a]
+    inner, c0 = lin(n.args[0])
+    if c0 != 0 or set(inner) != {Q, KV} or inner[Q] != -inner[KV] or abs(inner[Q]) != 1:
+        return [a]
+    nodes = dict(a.nodes)
+    up = Atom({KV: 1, Q: -1}, a.c, a.op, nodes)
+    return [up, Atom({KV: -1, Q: 1}, a.c, a.op, nodes)]
+
+
 def _window(rec, root, q_len, kv_len):
     atoms = [atom(c) for c in flat(root, R.AND)]
     if any(a is None for a in atoms):
         return None
+    atoms = [x for a in atoms for x in _split_abs(a)]
     bd = _diff_bounds(atoms)
     if bd is None:
         return None
