@@ -17,7 +17,7 @@ kcache::flex_fwd / kcache::flex_bwd (kcache.ops), so torch.compile keeps it in t
 import base64
 
 from kcache import _record, _recognize
-from kcache.errors import InvalidSpec
+from kcache.errors import InvalidArgument, InvalidSpec
 
 _HEAD_DIMS = (64, 128, 256)
 _DTYPE_NAMES = {"bfloat16": "bf16", "float16": "fp16"}
@@ -173,29 +173,29 @@ def _check(q, k, v, enable_gqa):
     import torch
     for name, t in (("query", q), ("key", k), ("value", v)):
         if not isinstance(t, torch.Tensor) or t.dim() != 4:
-            raise ValueError("kcache.flex_attention: %s must be a 4-D [B, H, L, D] tensor"
-                             % name)
+            _raise_invalid("kcache.flex_attention: %s must be a 4-D [B, H, L, D] tensor"
+                           % name, name)
     if q.dtype not in (torch.bfloat16, torch.float16):
         _raise_invalid("kcache.flex_attention: dtype %s is not supported (bfloat16 or "
                        "float16); flex's float32 has no kcache kernel" % q.dtype, "spec.dtype")
     if k.dtype != q.dtype or v.dtype != q.dtype:
-        raise ValueError("kcache.flex_attention: query, key and value dtypes differ (%s, %s, "
-                         "%s)" % (q.dtype, k.dtype, v.dtype))
+        _raise_invalid("kcache.flex_attention: query, key and value dtypes differ (%s, %s, "
+                       "%s)" % (q.dtype, k.dtype, v.dtype), "key")
     for name, d in (("query/key", q.shape[3]), ("value", v.shape[3])):
         if d not in _HEAD_DIMS:
             _raise_invalid("kcache.flex_attention: %s head dim %d is not supported (%s)"
                            % (name, d, ", ".join(map(str, _HEAD_DIMS))), "spec.head_dim_qk")
     if k.shape[3] != q.shape[3]:
-        raise ValueError("kcache.flex_attention: key head dim %d != query head dim %d"
-                         % (k.shape[3], q.shape[3]))
+        _raise_invalid("kcache.flex_attention: key head dim %d != query head dim %d"
+                       % (k.shape[3], q.shape[3]), "key")
     hq, hkv = q.shape[1], k.shape[1]
     if hq != hkv:
         if not enable_gqa:
-            raise ValueError("kcache.flex_attention: query has %d heads and key %d: pass "
-                             "enable_gqa=True for grouped-query attention" % (hq, hkv))
+            _raise_invalid("kcache.flex_attention: query has %d heads and key %d: pass "
+                           "enable_gqa=True for grouped-query attention" % (hq, hkv), "key")
         if hq % hkv:
-            raise ValueError("kcache.flex_attention: %d query heads are not a multiple of %d "
-                             "key heads" % (hq, hkv))
+            _raise_invalid("kcache.flex_attention: %d query heads are not a multiple of %d "
+                           "key heads" % (hq, hkv), "key")
 
 
 def spec_text(mask_text, score_text, decls, trainable, dtype, dqk, dv, hq, hkv, scale):
@@ -240,7 +240,12 @@ _NO_INF_UNDER_COMPILE = (
 # the graph (torch.compiler.assume_constant_result only sets this attribute; it is set here
 # so that kcache imports without torch).
 def _raise_invalid(message, field):
-    raise InvalidSpec(message, field=field)
+    """InvalidSpec for what the spec cannot express (fields named spec.* / mask_mod /
+    score_mod / block_mask), InvalidArgument for the inputs. Marked constant below: under
+    torch.compile it raises while tracing, as itself."""
+    if field.startswith("spec.") or field in ("mask_mod", "score_mod", "block_mask"):
+        raise InvalidSpec(message, field=field)
+    raise InvalidArgument(message, field)
 
 
 spec_text._dynamo_marked_constant = True
@@ -309,8 +314,9 @@ def launch_args(query, key, value, score_mod=None, block_mask=None, scale=None,
                                "region), not torch's BlockMask", "block_mask")
             block_mask = _torch_block_mask(block_mask)
         if tuple(block_mask.seq_lengths) != (lq, lkv):
-            raise ValueError("kcache.flex_attention: block_mask is for lengths %s, the inputs "
-                             "have Q_LEN %d and KV_LEN %d" % (block_mask.seq_lengths, lq, lkv))
+            _raise_invalid("kcache.flex_attention: block_mask is for lengths %s, the inputs "
+                           "have Q_LEN %d and KV_LEN %d" % (block_mask.seq_lengths, lq, lkv),
+                           "block_mask")
         mask_part = block_mask._part
 
     # the score modification

@@ -21,6 +21,7 @@ from typing import List, Tuple
 import torch
 
 from kcache import _reference
+from kcache.errors import InvalidArgument
 from kcache.flex import parse
 
 
@@ -34,7 +35,8 @@ def _split(names, bufs):
     names = names.split(",") if names else []
     buffers, inputs = {}, {}
     if len(names) != len(bufs):
-        raise ValueError("kcache::flex: %d names for %d buffers" % (len(names), len(bufs)))
+        raise InvalidArgument("kcache::flex: %d names for %d buffers" % (len(names), len(bufs)),
+                              "names")
     for n, t in zip(names, bufs):
         if n.startswith("@"):
             inputs[n[1:]] = t

@@ -2,7 +2,7 @@
 without waiting for them or launching anything."""
 
 from kcache import flex as _flex
-from kcache.errors import InvalidSpec
+from kcache.errors import InvalidSpec, InvalidType
 
 
 class Shape:
@@ -22,7 +22,7 @@ def _shape(s):
         return s
     if isinstance(s, dict):
         return Shape(**s)
-    raise TypeError("kcache.prefetch: a shape is a dict of kcache.prefetch.Shape arguments "
+    raise InvalidType("kcache.prefetch: a shape is a dict of kcache.prefetch.Shape arguments "
                     "(q_heads, kv_heads, head_dim, head_dim_v, q_len, kv_len, dtype, scale)")
 
 
