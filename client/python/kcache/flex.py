@@ -236,20 +236,21 @@ _NO_INF_UNDER_COMPILE = (
     "torch.where(cond, score, -inf): put cond in the mask_mod (kcache.create_block_mask)")
 
 
-# Under torch.compile these two run once at trace time and their results are constants of
-# the graph (torch.compiler.assume_constant_result only sets this attribute; it is set here
-# so that kcache imports without torch).
 def _raise_invalid(message, field):
     """InvalidSpec for what the spec cannot express (fields named spec.* / mask_mod /
     score_mod / block_mask), InvalidArgument for the inputs. Marked constant below: under
-    torch.compile it raises while tracing, as itself."""
+    torch.compile it raises while tracing, as itself (dynamo cannot build our exceptions)."""
     if field.startswith("spec.") or field in ("mask_mod", "score_mod", "block_mask"):
         raise InvalidSpec(message, field=field)
     raise InvalidArgument(message, field)
 
 
+# Under torch.compile these run at trace time and their results are constants of the graph
+# (torch.compiler.assume_constant_result only sets this attribute; it is set here so that
+# kcache imports without torch). Dynamo guards on their arguments, so a new mask or
+# score_mod retraces.
 spec_text._dynamo_marked_constant = True
-_raise_invalid._dynamo_marked_constant = True  # raised while tracing, as itself
+_raise_invalid._dynamo_marked_constant = True
 _record_score_text._dynamo_marked_constant = True
 
 
@@ -284,8 +285,15 @@ def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
     """torch.nn.attention.flex_attention with kcache's kernels: [B, H, L, D] bf16/fp16
     tensors (head dims 64, 128, 256), differentiable in query, key, value and in float
     tensors captured by score_mod with requires_grad. Returns out, or (out, lse) with
-    return_lse (float32 [B, Hq, Lq], natural log, as flex). block_mask: kcache's or torch's
-    BlockMask (its mask_mod is recorded). kernel_options is accepted and ignored."""
+    return_lse (float32 [B, Hq, Lq], natural log, as flex; no gradient flows through lse).
+    block_mask: kcache's or torch's BlockMask (its mask_mod is recorded; one made from
+    block tables alone has no mask_mod to record). A score_mod's torch.where(cond, score,
+    -inf) joins the mask. kernel_options is accepted and ignored.
+
+    The kernel is always fetched with its backward entry points (one kernel for both
+    directions). CUDA tensors run kcache's kernels; CPU tensors a dense reference
+    (kcache._reference), for tests. A plain score_mod is recorded at every call (~0.1 ms);
+    kcache.record_score_mod records it once."""
     from kcache import ops
     del kernel_options
     spec, names, tensors = launch_args(query, key, value, score_mod, block_mask, scale,
