@@ -136,6 +136,15 @@ def test_torch_block_mask_is_accepted():
     torch.testing.assert_close(out.float(), want.float(), atol=2e-2, rtol=2e-2)
 
 
+def test_torch_block_mask_from_block_tables_is_refused():
+    kv_num = torch.ones(1, 1, 1, dtype=torch.int32)
+    kv_idx = torch.zeros(1, 1, 1, 1, dtype=torch.int32)
+    tbm = tfa.BlockMask.from_kv_blocks(kv_num, kv_idx, BLOCK_SIZE=64)
+    q, k, v = _qkv(1, 2, 2, 64, 64)
+    with pytest.raises(InvalidSpec, match="block tables"):
+        kcache.flex_attention(q, k, v, block_mask=tbm)
+
+
 def test_argument_errors():
     q, k, v = _qkv(1, 2, 2, 64, 64)
     with pytest.raises(InvalidSpec, match="float32 .*bfloat16 or float16|bfloat16 or float16"):

@@ -165,6 +165,13 @@ def _torch_block_mask(bm):
     mm = getattr(bm, "mask_mod", None)
     if mm is None:
         raise InvalidSpec("kcache.flex_attention: block_mask has no mask_mod", field="block_mask")
+    if getattr(mm, "__name__", "") == "noop_mask" and getattr(bm, "full_kv_num_blocks",
+                                                               0) is None:
+        # BlockMask.from_kv_blocks without a mask_mod: the sparsity is in block tables,
+        # which kcache does not read (it would attend everywhere)
+        raise InvalidSpec("kcache.flex_attention: this torch BlockMask was made from block "
+                          "tables without a mask_mod; kcache needs the mask_mod (use "
+                          "kcache.create_block_mask(mask_mod, ...))", field="block_mask")
     q_len, kv_len = bm.seq_lengths
     return create_block_mask(mm, None, None, q_len, kv_len, device=None)
 
