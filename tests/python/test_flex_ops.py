@@ -239,6 +239,13 @@ def test_opcheck_of_the_custom_ops():
     # the CPU reference is the real implementation here; the CUDA kernel is checked by
     # tests/python/gpu_flex.py
     torch.library.opcheck(torch.ops.kcache.flex_fwd.default, args)
+    out, lse = torch.ops.kcache.flex_fwd(*args)
+    dout = torch.randn_like(out)
+    bargs = (q.detach(), k.detach(), v.detach(), out.detach(), lse.detach(), dout, spec,
+             ",".join(names), [t.detach() for t in tensors])
+    grads = torch.ops.kcache.flex_bwd(*bargs)
+    assert len(grads) == 4 and grads[3].shape == table.shape  # dq, dk, dv, dtable
+    torch.library.opcheck(torch.ops.kcache.flex_bwd.default, bargs)
     del docs
 
 
