@@ -128,7 +128,7 @@ def test_forward_backward_match_torch_flex(gpu_daemon, case):
 
 
 def test_compiled_model_fullgraph(gpu_daemon):
-    B, H, L, D = 2, 8, 256, 128
+    B, H, D = 2, 8, 128
     anchors = torch.randint(0, 128, (B, 8), device=DEV)
     keep = torch.ones(B, 8, dtype=torch.bool, device=DEV)
     bm = kcache.create_block_mask(dflash(anchors, keep, 128, 16), B, None, 128, 256,
@@ -160,7 +160,7 @@ def test_compiled_model_fullgraph(gpu_daemon):
 
 
 def test_cuda_graph_capture_and_replay(gpu_daemon):
-    B, H, L, D = 2, 4, 256, 128
+    B, H, D = 2, 4, 128
     anchors = torch.randint(0, 128, (B, 8), device=DEV)
     keep = torch.ones(B, 8, dtype=torch.bool, device=DEV)
     table = torch.randn(H, 256, device=DEV, requires_grad=True)

@@ -4,8 +4,8 @@
     grads = torch.ops.kcache.flex_bwd(q, k, v, out, lse, dout, spec, names, buffers)
 
 spec: a serialized AttentionSpec (base64 text, backward on; kcache.flex.spec_text);
-names/buffers: the launch buffers by spec name (names comma-separated), and the built-in masks' inputs as
-"@q_seq_id", "@kv_seq_id", "@anchors", "@keep". grads: [dq, dk, dv] and one gradient per
+names (comma-separated) / buffers: the launch buffers by spec name, and the built-in masks'
+inputs as "@q_seq_id", "@kv_seq_id", "@anchors", "@keep". grads: [dq, dk, dv] and one gradient per
 buffer the spec declares trainable, in the spec's order. Each has a fake (meta)
 implementation, and flex_fwd is differentiable through flex_bwd (register_autograd), so
 torch.compile(fullgraph=True) keeps them in the graph. CUDA tensors run kcache's kernels
