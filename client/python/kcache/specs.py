@@ -29,8 +29,8 @@ if TYPE_CHECKING:  # annotations only; the modules load on first use
 SpecLike = Union["spec_pb2.AttentionSpec", str, bytes, Mapping[str, Any]]
 # An Expr, or a Python constant that becomes one.
 ExprLike = Union["Expr", bool, int, float]
-# {buffer name: (element type "int32" / "float32" / "bool", rank)}
-BufferDecls = Dict[str, Tuple[Any, ...]]  # name -> (elem type, rank[, trainable])
+# {buffer name: (element type "int32" / "float32" / "bool", rank[, trainable])}
+BufferDecls = Dict[str, Tuple[Any, ...]]
 
 _DTYPES = {"bf16": 1, "bfloat16": 1, "fp16": 2, "float16": 2, "half": 2}
 _ELEM = {"int32": 1, "float32": 2, "float": 2, "bool": 3}
