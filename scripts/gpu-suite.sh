@@ -65,6 +65,11 @@ suite python_raw_gpu 240 env PYTHONPATH="$PWD/client/python:$PWD/.devcarry/pygen
 # own binary.
 suite triton_raw 180 python3 tests/python/triton_raw_gpu.py --kcached dist/kcached \
   --pythonpath-gen .devcarry/pygen --out "$LOGS/triton"
+# Issue #15: kcache.flex_attention against torch's flex_attention, torch.compile, CUDA
+# graphs, three first callers (CTest python_flex_gpu_test).
+suite python_flex_gpu 420 env PYTHONPATH="$PWD/client/python" \
+  KCACHE_TEST_KCACHED="$PWD/dist/kcached" python3 -m pytest -q -rs -p no:cacheprovider \
+  tests/python/gpu_flex.py
 if [[ -n ${BENCH:-} ]]; then
   suite attention_bench 300 python3 bench/attention/bench_attention.py --json "$LOGS/bench.json"
   suite attention_bench_backward 540 python3 bench/attention/bench_attention.py --backward \
