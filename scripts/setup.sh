@@ -8,7 +8,7 @@ PACKAGES=(
   librocksdb-dev libgrpc++-dev libgrpc-dev protobuf-compiler protobuf-compiler-grpc
   libprotobuf-dev libabsl-dev libssl-dev libzstd-dev liblz4-dev libsnappy-dev libbz2-dev
   zlib1g-dev libgflags-dev libgtest-dev libgmock-dev libbenchmark-dev libyaml-cpp-dev
-  nlohmann-json3-dev
+  nlohmann-json3-dev systemd
   llvm-19-dev
   python3-grpcio python3-protobuf python3-pytest
 )
