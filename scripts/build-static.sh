@@ -2,7 +2,7 @@
 # Builds kcached and its compile worker linked statically against Debian's
 # archives, stripped, into dist/: what travels to a GPU machine that has only
 # glibc, libstdc++, the CUDA driver, NVRTC and nvJitLink. The worker carries
-# LLVM 19's NVPTX backend (KCACHE_WITH_LLVM, the default), so LLVM IR raw
+# LLVM 22's NVPTX backend (KCACHE_WITH_LLVM, the default), so LLVM IR raw
 # kernels compile there too. Run there with LD_LIBRARY_PATH=/usr/local/cuda/lib64
 # for NVRTC and nvJitLink. The worker needs glibc 2.36 or later (LLVM's
 # Support calls arc4random); kcached needs 2.35.
