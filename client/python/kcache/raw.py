@@ -102,13 +102,21 @@ class RawModule:
             raise KeyError("%r is not a kernel of this module (kernels: %s)"
                            % (name, ", ".join(self.functions))) from None
 
-    def launch(self, name, grid, block, args, shared=0, stream=None):
-        """Launches kernel `name` with `grid` and `block` (an int or up to three ints),
-        `shared` bytes of dynamic shared memory, on `stream` (a CUstream as an int, a
+    def launch(self, name, grid, block, args, shared=0, stream=None, cluster=None):
+        """Launches kernel `name` with `grid` (in blocks) and `block` (an int or up to three
+        ints), `shared` bytes of dynamic shared memory, on `stream` (a CUstream as an int, a
         torch.cuda.Stream, or None: torch's current stream when torch has initialized
         CUDA, else the default stream). `args` is one value per kernel parameter:
         ctypes values as they are, else by the parameter's size as the driver reports it
-        (tensors and None as pointers, ints, floats); see kcache.cuda.pack_args."""
+        (tensors and None as pointers, ints, floats); see kcache.cuda.pack_args.
+
+        Over 48 KiB of `shared`, the function's dynamic shared memory limit is raised to the
+        device's maximum (once per kernel and context); more than the device allows is
+        kcache.InvalidArgument (a ValueError) saying the maximum. Kernels that require a thread-block cluster (PTX
+        .reqnctapercluster, Triton's num_ctas > 1) launch through cuLaunchKernelEx with the
+        cluster shape the driver reports for them; `cluster` (an int or up to three ints)
+        gives it for .explicitcluster kernels, which do not say it, or asks for clusters
+        for any kernel. The grid must be a whole number of clusters."""
         from kcache import cuda
         fn = self[name]
         grid = cuda._dim3(name, "grid", grid)
@@ -124,7 +132,7 @@ class RawModule:
         cuda.check(cu.cuCtxPushCurrent_v2(self.context), "cuCtxPushCurrent")
         try:
             values = cuda.pack_args(name, list(args), cuda.param_sizes(fn))
-            cuda.launch_packed(fn, grid, block, int(shared), stream, values)
+            cuda.launch_raw(self._loaded, name, grid, block, shared, stream, values, cluster)
         finally:
             cu.cuCtxPopCurrent_v2(ctypes.byref(ctypes.c_void_p()))
 
