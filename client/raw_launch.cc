@@ -14,11 +14,11 @@ namespace {
 namespace ci = client_internal;
 
 // cuda.h's enum values.
-constexpr int kAttrSharedSizeBytes = 1;            // CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES
-constexpr int kAttrMaxDynamicSharedSize = 8;       // ..._MAX_DYNAMIC_SHARED_SIZE_BYTES
-constexpr int kAttrClusterSizeMustBeSet = 10;      // ..._CLUSTER_SIZE_MUST_BE_SET
-constexpr int kAttrRequiredClusterWidth = 11;      // HEIGHT 12, DEPTH 13
-constexpr int kAttrNonPortableClusterSize = 14;    // ..._NON_PORTABLE_CLUSTER_SIZE_ALLOWED
+constexpr int kAttrSharedSizeBytes = 1;             // CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES
+constexpr int kAttrMaxDynamicSharedSize = 8;        // ..._MAX_DYNAMIC_SHARED_SIZE_BYTES
+constexpr int kAttrClusterSizeMustBeSet = 10;       // ..._CLUSTER_SIZE_MUST_BE_SET
+constexpr int kAttrRequiredClusterWidth = 11;       // HEIGHT 12, DEPTH 13
+constexpr int kAttrNonPortableClusterSize = 14;     // ..._NON_PORTABLE_CLUSTER_SIZE_ALLOWED
 constexpr int kDevAttrMaxSharedPerBlockOptin = 97;  // CU_DEVICE_ATTRIBUTE_MAX_SHARED_..._OPTIN
 constexpr int kLaunchAttrClusterDimension = 4;
 constexpr int kLaunchAttrClusterSchedulingPolicy = 5;
@@ -38,8 +38,9 @@ absl::StatusOr<RawFunctionLimits> ReadLimits(const ci::CudaApi& api, ci::CUfunct
   ci::CUdevice dev = 0;
   if (auto s = ci::CudaStatus(api, api.cuCtxGetDevice(&dev), "cuCtxGetDevice"); !s.ok()) return s;
   int optin = 0;
-  if (auto s = ci::CudaStatus(api, api.cuDeviceGetAttribute(&optin, kDevAttrMaxSharedPerBlockOptin, dev),
-                              "cuDeviceGetAttribute(MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)");
+  if (auto s =
+          ci::CudaStatus(api, api.cuDeviceGetAttribute(&optin, kDevAttrMaxSharedPerBlockOptin, dev),
+                         "cuDeviceGetAttribute(MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)");
       !s.ok()) {
     return s;
   }
@@ -49,8 +50,8 @@ absl::StatusOr<RawFunctionLimits> ReadLimits(const ci::CudaApi& api, ci::CUfunct
   const int w = attr(kAttrRequiredClusterWidth), h = attr(kAttrRequiredClusterWidth + 1),
             d = attr(kAttrRequiredClusterWidth + 2);
   if (w > 0 && h > 0 && d > 0) {
-    l.required_cluster = Dim3{static_cast<unsigned>(w), static_cast<unsigned>(h),
-                              static_cast<unsigned>(d)};
+    l.required_cluster =
+        Dim3{static_cast<unsigned>(w), static_cast<unsigned>(h), static_cast<unsigned>(d)};
   }
   l.cluster_must_be_set = attr(kAttrClusterSizeMustBeSet) != 0;
   return l;
@@ -83,15 +84,18 @@ absl::StatusOr<std::optional<Dim3>> PlanRawLaunch(absl::string_view name,
           absl::StrCat(name, ": cluster ", Str(*cluster), " has a zero dimension"));
     }
     if (limits.required_cluster && !(*cluster == *limits.required_cluster)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(name, ": cluster ", Str(*cluster), ", but the kernel was compiled for "
-                       "clusters of ", Str(*limits.required_cluster), " (.reqnctapercluster)"));
+      return absl::InvalidArgumentError(absl::StrCat(name, ": cluster ", Str(*cluster),
+                                                     ", but the kernel was compiled for "
+                                                     "clusters of ",
+                                                     Str(*limits.required_cluster),
+                                                     " (.reqnctapercluster)"));
     }
   } else if (limits.required_cluster) {
     cluster = limits.required_cluster;
   } else if (limits.cluster_must_be_set) {
     return absl::InvalidArgumentError(
-        absl::StrCat(name, ": the kernel requires a thread-block cluster (.explicitcluster) and "
+        absl::StrCat(name,
+                     ": the kernel requires a thread-block cluster (.explicitcluster) and "
                      "does not say its shape: set RawLaunchConfig::cluster"));
   }
   if (cluster) {
@@ -100,9 +104,10 @@ absl::StatusOr<std::optional<Dim3>> PlanRawLaunch(absl::string_view name,
     for (int i = 0; i < 3; ++i) {
       if (g[i] % c[i] != 0) {
         const char axis = static_cast<char>('x' + i);
-        return absl::InvalidArgumentError(absl::StrCat(
-            name, ": grid ", std::string(1, axis), "=", g[i], " is not a multiple of the cluster's ",
-            std::string(1, axis), "=", c[i], " (the grid counts blocks, a whole number of clusters)"));
+        return absl::InvalidArgumentError(
+            absl::StrCat(name, ": grid ", std::string(1, axis), "=", g[i],
+                         " is not a multiple of the cluster's ", std::string(1, axis), "=", c[i],
+                         " (the grid counts blocks, a whole number of clusters)"));
       }
     }
     if (*cluster == Dim3{} && !limits.required_cluster && !limits.cluster_must_be_set) {
@@ -125,8 +130,8 @@ absl::Status LaunchRawWith(const CudaApi& api, const LoadedKernel& kernel, absl:
                            const RawLaunchConfig& config, void** args) {
   auto fn = static_cast<CUfunction>(kernel.Function(name));
   if (fn == nullptr) {
-    return absl::NotFoundError(absl::StrCat("LaunchRaw: \"", name, "\" is not an entry point of ",
-                                            "this kernel"));
+    return absl::NotFoundError(
+        absl::StrCat("LaunchRaw: \"", name, "\" is not an entry point of ", "this kernel"));
   }
   if (kernel.raw_launch_state == nullptr) {
     return absl::FailedPreconditionError("LaunchRaw: the kernel was not loaded by Client::LoadRaw");
@@ -175,7 +180,8 @@ absl::Status LaunchRawWith(const CudaApi& api, const LoadedKernel& kernel, absl:
     const Dim3 c = **cluster;
     if (api.cuLaunchKernelEx == nullptr) {
       return absl::FailedPreconditionError(absl::StrCat(
-          name, " needs a thread-block cluster launch (cuLaunchKernelEx, CUDA 12+); this driver "
+          name,
+          " needs a thread-block cluster launch (cuLaunchKernelEx, CUDA 12+); this driver "
           "lacks it"));
     }
     if (c.x * c.y * c.z > kPortableClusterSize) {
@@ -191,9 +197,9 @@ absl::Status LaunchRawWith(const CudaApi& api, const LoadedKernel& kernel, absl:
     // Triton's launcher spreads a cluster's blocks over SMs; so do we.
     attrs[1].id = kLaunchAttrClusterSchedulingPolicy;
     attrs[1].value.value = kClusterSchedulingSpread;
-    CuLaunchConfig lc{config.grid.x,  config.grid.y,       config.grid.z, config.block.x,
-                      config.block.y, config.block.z,      config.shared_bytes, stream,
-                      attrs,          2};
+    CuLaunchConfig lc{
+        config.grid.x,  config.grid.y,       config.grid.z, config.block.x, config.block.y,
+        config.block.z, config.shared_bytes, stream,        attrs,          2};
     return CudaStatus(api, api.cuLaunchKernelEx(&lc, fn, args, nullptr),
                       "cuLaunchKernelEx (cluster launch)");
   }();

@@ -43,8 +43,8 @@ struct RawLaunchConfig {
 
 // What the driver says about one function in one context.
 struct RawFunctionLimits {
-  int static_shared = 0;             // CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES
-  int max_shared_optin = 48 * 1024;  // the device's MAX_SHARED_MEMORY_PER_BLOCK_OPTIN
+  int static_shared = 0;                 // CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES
+  int max_shared_optin = 48 * 1024;      // the device's MAX_SHARED_MEMORY_PER_BLOCK_OPTIN
   std::optional<Dim3> required_cluster;  // REQUIRED_CLUSTER_WIDTH/HEIGHT/DEPTH, all > 0
   bool cluster_must_be_set = false;      // CLUSTER_SIZE_MUST_BE_SET
 };

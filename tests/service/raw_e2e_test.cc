@@ -175,7 +175,8 @@ TEST(RawE2E, KcacheShowListsTheCubinsKernels) {
                                 "[0-9.]+  id ",
                                 tc_id)))
         << sout.str();
-    EXPECT_THAT(sout.str(), ::testing::ContainsRegex(tc_id + " +1 +.* +sm_80 +current \\(raw kernels\\)"))
+    EXPECT_THAT(sout.str(),
+                ::testing::ContainsRegex(tc_id + " +1 +.* +sm_80 +current \\(raw kernels\\)"))
         << sout.str();
     EXPECT_THAT(sout.str(), ::testing::Not(HasSubstr("invalidate --toolchain " + tc_id)));
   }

@@ -40,8 +40,8 @@ ci::CudaApi FakeApi() {
     return 0;
   };
   api.cuFuncGetAttribute = [](int* v, int attr, ci::CUfunction) {
-    *v = attr == 1 ? fake->static_shared
-         : attr == 10 ? fake->must_be_set
+    *v = attr == 1                    ? fake->static_shared
+         : attr == 10                 ? fake->must_be_set
          : (attr >= 11 && attr <= 13) ? fake->cluster[attr - 11]
                                       : 0;
     return 0;
@@ -51,9 +51,8 @@ ci::CudaApi FakeApi() {
     return 0;
   };
   api.cuLaunchKernel = [](ci::CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned,
-                          unsigned, unsigned, ci::CUstream, void**, void**) {
-    return ++fake->launches, 0;
-  };
+                          unsigned, unsigned, ci::CUstream, void**,
+                          void**) { return ++fake->launches, 0; };
   api.cuLaunchKernelEx = [](const ci::CuLaunchConfig* c, ci::CUfunction, void**, void**) {
     fake->ex.push_back(*c);
     for (unsigned i = 0; i < c->num_attrs; ++i) fake->ex_attrs.push_back(c->attrs[i]);

@@ -427,11 +427,12 @@ class Cli {
     j["mode"] = admin.channel() ? "daemon" : "store";
     json tcs = json::array();
     for (const auto& [id, r] : ByToolchain(s)) {
-      tcs.push_back({{"toolchain_id", id},
-                     {"entries", r.entries},
-                     {"bytes", r.bytes},
-                     {"current", id == s.toolchain().id()},
-                     {"current_raw", !s.raw_toolchain().id().empty() && id == s.raw_toolchain().id()}});
+      tcs.push_back(
+          {{"toolchain_id", id},
+           {"entries", r.entries},
+           {"bytes", r.bytes},
+           {"current", id == s.toolchain().id()},
+           {"current_raw", !s.raw_toolchain().id().empty() && id == s.raw_toolchain().id()}});
     }
     j["toolchains"] = tcs;
     return j;
