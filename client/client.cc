@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "client/cuda_loader.h"
+#include "client/raw_launch.h"
 
 namespace kcache {
 
@@ -306,6 +307,7 @@ absl::StatusOr<std::shared_ptr<const LoadedKernel>> Client::LoadRequest(
     return flight->loaded;
   }
   auto loaded = std::make_shared<LoadedKernel>();
+  loaded->raw_launch_state = std::make_shared<client_internal::RawLaunchState>();
   loaded->response = *resp;
   loaded->context = ctx;
   absl::Status st = [&]() -> absl::Status {

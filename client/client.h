@@ -45,6 +45,10 @@ struct ClientOptions {
   std::string admin_token_path;
 };
 
+namespace client_internal {
+struct RawLaunchState;  // client/raw_launch.h
+}  // namespace client_internal
+
 // A kernel loaded into one CUDA context.
 struct LoadedKernel {
   std::shared_ptr<const v1::GetKernelResponse> response;  // record + cubin
@@ -53,6 +57,9 @@ struct LoadedKernel {
   // Entry-point name -> CUfunction, for every entry in the record, with its
   // dynamic shared memory limit already raised to what the record says.
   std::map<std::string, void*> functions;
+  // What LaunchRaw (client/raw_launch.h) learnt and did per function, once
+  // per function in this context.
+  std::shared_ptr<client_internal::RawLaunchState> raw_launch_state;
 
   // The CUfunction of the first entry with this role, or nullptr.
   void* Function(v1::EntryRole role) const;
@@ -104,8 +111,9 @@ class Client {
   //
   // LoadRaw's functions are LoadedKernel::Function(name), one per kernel
   // name. The record has no launch facts for raw kernels: the caller knows
-  // grid, block and shared memory (and raises a function's dynamic shared
-  // memory limit itself when it needs over 48 KiB).
+  // grid, block and shared memory, and launches with LaunchRaw
+  // (client/raw_launch.h), which raises the dynamic shared memory limit over
+  // 48 KiB and launches thread-block clusters.
   absl::StatusOr<std::shared_ptr<const v1::GetKernelResponse>> FetchRaw(
       const v1::RawKernel& raw, const v1::Target& target,
       absl::Duration deadline = absl::ZeroDuration());

@@ -41,8 +41,12 @@ Loaded LoadOnce() {
   sym(l.api.cuDriverGetVersion, "cuDriverGetVersion");
   sym(l.api.cuCtxPushCurrent, "cuCtxPushCurrent_v2");
   sym(l.api.cuCtxPopCurrent, "cuCtxPopCurrent_v2");
+  sym(l.api.cuFuncGetAttribute, "cuFuncGetAttribute");
+  sym(l.api.cuLaunchKernel, "cuLaunchKernel");
   l.api.cuCtxGetId =
       reinterpret_cast<decltype(l.api.cuCtxGetId)>(dlsym(h, "cuCtxGetId"));  // optional
+  l.api.cuLaunchKernelEx =
+      reinterpret_cast<decltype(l.api.cuLaunchKernelEx)>(dlsym(h, "cuLaunchKernelEx"));
   if (l.status.ok()) {
     if (CUresult rc = l.api.cuInit(0); rc != 0) l.status = CudaStatus(l.api, rc, "cuInit");
   }

@@ -16,6 +16,32 @@ using CUdevice = int;
 using CUcontext = struct CUctx_st*;
 using CUmodule = struct CUmod_st*;
 using CUfunction = struct CUfunc_st*;
+using CUstream = struct CUstream_st*;
+
+// cuda.h's CUlaunchAttribute / CUlaunchConfig, for cuLaunchKernelEx with a
+// cluster shape (the only attributes kcache sets).
+struct CuLaunchAttribute {
+  int id;  // 4 = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION, 5 = ..._SCHEDULING_POLICY_PREFERENCE
+  char pad[4];
+  union {
+    char bytes[64];
+    void* align;
+    struct {
+      unsigned x, y, z;
+    } cluster_dim;
+    int value;
+  } value;
+};
+struct CuLaunchConfig {
+  unsigned grid_x, grid_y, grid_z;
+  unsigned block_x, block_y, block_z;
+  unsigned shared_bytes;
+  CUstream stream;
+  CuLaunchAttribute* attrs;
+  unsigned num_attrs;
+};
+static_assert(sizeof(CuLaunchAttribute) == 72 && sizeof(CuLaunchConfig) == 56,
+              "CUlaunchAttribute / CUlaunchConfig layout of cuda.h");
 
 struct CudaApi {
   CUresult (*cuInit)(unsigned int);
@@ -32,6 +58,12 @@ struct CudaApi {
   CUresult (*cuCtxPopCurrent)(CUcontext*);
   // Optional (CUDA 12+): a context's unique id; null where the driver lacks it.
   CUresult (*cuCtxGetId)(CUcontext, unsigned long long*);
+  // Raw-kernel launches (client/raw_launch.h).
+  CUresult (*cuFuncGetAttribute)(int*, int, CUfunction);
+  CUresult (*cuLaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned,
+                             unsigned, unsigned, CUstream, void**, void**);
+  // Optional (CUDA 12+): null where the driver lacks it.
+  CUresult (*cuLaunchKernelEx)(const CuLaunchConfig*, CUfunction, void**, void**);
 };
 
 // Loads the driver once; Unavailable when there is none.

@@ -5,9 +5,15 @@
 #include <mutex>
 #include <optional>
 #include <set>
+#include <tuple>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "llvm/ADT/SmallString.h"
+#include "llvm/Bitcode/BitcodeReader.h"
 #include "llvm/Config/llvm-config.h"
 #include "llvm/IR/CallingConv.h"
 #include "llvm/IR/Constants.h"
@@ -39,6 +45,63 @@ namespace kcache {
 namespace {
 
 constexpr char kTriple[] = "nvptx64-nvidia-cuda";
+
+bool Newer(const LlvmVersion& a, const LlvmVersion& b) {
+  return std::tie(a.major, a.minor) > std::tie(b.major, b.minor);
+}
+
+// The release at the start of `s` ("22.1.8", "23.0.0git (https://...)"), or
+// nullopt when `s` does not start with major.minor.
+std::optional<LlvmVersion> ParseVersionAt(absl::string_view s) {
+  auto number = [&s](int* out) {
+    size_t n = 0;
+    while (n < s.size() && absl::ascii_isdigit(static_cast<unsigned char>(s[n]))) ++n;
+    const bool ok = n > 0 && n < 6 && absl::SimpleAtoi(s.substr(0, n), out);
+    s.remove_prefix(n);
+    return ok;
+  };
+  const absl::string_view all = s;
+  LlvmVersion v;
+  if (!number(&v.major) || s.empty() || s[0] != '.') return std::nullopt;
+  s.remove_prefix(1);
+  if (!number(&v.minor)) return std::nullopt;
+  v.text = std::string(all.substr(0, all.find_first_of(" \t\"(),;")));
+  return v;
+}
+
+// "... LLVM 23.0.0 ...", "LLVM23.0.0git", "clang version 23.0.0 (...)": the
+// release named after "LLVM" or "clang version", or nullopt.
+std::optional<LlvmVersion> FindVersion(absl::string_view s) {
+  for (absl::string_view marker : {"clang version ", "LLVM "}) {
+    if (size_t at = s.find(marker); at != absl::string_view::npos) {
+      return ParseVersionAt(s.substr(at + marker.size()));
+    }
+  }
+  if (absl::StartsWith(s, "LLVM")) return ParseVersionAt(s.substr(4));
+  return std::nullopt;
+}
+
+// The strings of a textual module's !llvm.ident, read without parsing the
+// module: IR this LLVM cannot parse still says which LLVM wrote it.
+std::vector<absl::string_view> IdentStrings(absl::string_view ir) {
+  std::vector<absl::string_view> out;
+  const size_t at = ir.find("\n!llvm.ident = !{");
+  if (at == absl::string_view::npos) return out;
+  const size_t open = ir.find('{', at);
+  const size_t close = ir.find('}', open);
+  if (close == absl::string_view::npos) return out;
+  for (absl::string_view ref : absl::StrSplit(ir.substr(open + 1, close - open - 1), ',')) {
+    ref = absl::StripAsciiWhitespace(ref);
+    if (ref.size() < 2 || ref[0] != '!') continue;
+    const std::string def = absl::StrCat("\n", ref, " = !{!\"");  // !7 = !{!"clang version ..."}
+    const size_t d = ir.find(def);
+    if (d == absl::string_view::npos) continue;
+    const size_t b = d + def.size();
+    const size_t e = ir.find('"', b);
+    if (e != absl::string_view::npos) out.push_back(ir.substr(b, e - b));
+  }
+  return out;
+}
 
 void InitNvptxOnce() {
   static std::once_flag once;
@@ -93,6 +156,29 @@ void DropDebugTarget(std::string& ptx) {
 
 std::string LlvmVersionString() { return LLVM_VERSION_STRING; }
 
+LlvmVersion LinkedLlvmVersion() {
+  return LlvmVersion{LLVM_VERSION_MAJOR, LLVM_VERSION_MINOR, LLVM_VERSION_STRING};
+}
+
+std::optional<LlvmVersion> DeclaredLlvmVersion(absl::string_view ir, bool bitcode) {
+  if (bitcode) {
+    llvm::Expected<std::string> producer = llvm::getBitcodeProducerString(
+        llvm::MemoryBufferRef(llvm::StringRef(ir.data(), ir.size()), "raw.source"));
+    if (!producer) {
+      llvm::consumeError(producer.takeError());
+      return std::nullopt;
+    }
+    return FindVersion(*producer);
+  }
+  // The newest release any ident names (a module linked from several).
+  std::optional<LlvmVersion> newest;
+  for (absl::string_view ident : IdentStrings(ir)) {
+    std::optional<LlvmVersion> v = FindVersion(ident);
+    if (v && (!newest || Newer(*v, *newest))) newest = std::move(v);
+  }
+  return newest;
+}
+
 absl::StatusOr<std::string> LlvmIrToPtx(absl::string_view ir, const IrToPtxOptions& options) {
   InitNvptxOnce();
   if (ir.empty()) return absl::InvalidArgumentError("raw.source: empty");
@@ -103,6 +189,17 @@ absl::StatusOr<std::string> LlvmIrToPtx(absl::string_view ir, const IrToPtxOptio
                           "bitcode magic 'BC' 0xC0DE"
                         : "raw.source: FORMAT_LLVM_IR (text), but the bytes are LLVM bitcode");
   }
+  // IR is read by the LLVM that wrote it or a later one, never an earlier
+  // one (new attributes, calling conventions, intrinsics, bitcode records):
+  // refuse what says it is newer before LLVM misreads it.
+  const LlvmVersion linked = LinkedLlvmVersion();
+  const std::optional<LlvmVersion> declared = DeclaredLlvmVersion(ir, options.bitcode);
+  if (declared && Newer(*declared, linked)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "raw.source: written by LLVM ", declared->text, ", newer than the LLVM ", linked.text,
+        " that kcache links; LLVM reads IR of its own release or older only. Send PTX, or IR "
+        "from LLVM ", linked.major, ".", linked.minor, " or older"));
+  }
   // Textual IR: LLVM's parser wants a NUL-terminated buffer.
   std::unique_ptr<llvm::MemoryBuffer> buffer = llvm::MemoryBuffer::getMemBufferCopy(
       llvm::StringRef(ir.data(), ir.size()), "raw.source");
@@ -110,7 +207,14 @@ absl::StatusOr<std::string> LlvmIrToPtx(absl::string_view ir, const IrToPtxOptio
   llvm::SMDiagnostic diag;
   std::unique_ptr<llvm::Module> module = llvm::parseIR(buffer->getMemBufferRef(), diag, context);
   if (module == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat("raw.source: LLVM cannot parse it: ", ToString(diag)));
+    // Most IR does not say which LLVM wrote it (Triton's does not); a parse
+    // error is then the usual sign of a newer one.
+    return absl::InvalidArgumentError(absl::StrCat(
+        "raw.source: LLVM ", linked.text, " cannot parse it: ", ToString(diag),
+        declared ? ""
+                 : absl::StrCat(" (IR from an LLVM newer than ", linked.text,
+                                " can use syntax this one does not know; send PTX, or IR from "
+                                "LLVM ", linked.major, ".", linked.minor, " or older)")));
   }
   {
     std::string errors;
@@ -120,15 +224,16 @@ absl::StatusOr<std::string> LlvmIrToPtx(absl::string_view ir, const IrToPtxOptio
           absl::StrCat("raw.source: the LLVM IR verifier rejects it: ", os.str()));
     }
   }
-  const std::string module_triple = module->getTargetTriple();
-  if (!module_triple.empty() && llvm::Triple(module_triple).getArch() != llvm::Triple::nvptx64) {
-    return absl::InvalidArgumentError(absl::StrCat("raw.source: target triple \"", module_triple,
-                                                   "\" is not ", kTriple));
+  const llvm::Triple triple(kTriple);
+  const llvm::Triple& module_triple = module->getTargetTriple();
+  if (!module_triple.str().empty() && module_triple.getArch() != llvm::Triple::nvptx64) {
+    return absl::InvalidArgumentError(absl::StrCat("raw.source: target triple \"",
+                                                   module_triple.str(), "\" is not ", kTriple));
   }
-  module->setTargetTriple(kTriple);
+  module->setTargetTriple(triple);
 
   // A declaration named llvm.* that this LLVM has no intrinsic for (IR written
-  // by a newer LLVM, e.g. llvm.nvvm.barrier.cta.sync.aligned.all from LLVM 21)
+  // by a newer LLVM that does not say so)
   // passes the verifier and would be emitted as a call to an external function
   // of that name, which ptxas then rejects with a bare syntax error.
   for (const llvm::Function& f : *module) {
@@ -161,13 +266,13 @@ absl::StatusOr<std::string> LlvmIrToPtx(absl::string_view ir, const IrToPtxOptio
   }
 
   std::string error;
-  const llvm::Target* target = llvm::TargetRegistry::lookupTarget(kTriple, error);
+  const llvm::Target* target = llvm::TargetRegistry::lookupTarget(triple, error);
   if (target == nullptr) {
     return absl::InternalError(absl::StrCat("LLVM has no NVPTX target: ", error));
   }
   {
     std::unique_ptr<llvm::MCSubtargetInfo> sti(
-        target->createMCSubtargetInfo(kTriple, options.arch, ""));
+        target->createMCSubtargetInfo(triple, options.arch, ""));
     if (sti == nullptr || !sti->isCPUStringValid(options.arch)) {
       return absl::InvalidArgumentError(absl::StrCat("target.arch: LLVM ", LLVM_VERSION_STRING,
                                                      "'s NVPTX backend does not know \"",
@@ -176,7 +281,7 @@ absl::StatusOr<std::string> LlvmIrToPtx(absl::string_view ir, const IrToPtxOptio
   }
   llvm::TargetOptions target_options;
   std::unique_ptr<llvm::TargetMachine> machine(target->createTargetMachine(
-      kTriple, options.arch, "", target_options, std::nullopt, std::nullopt,
+      triple, options.arch, "", target_options, std::nullopt, std::nullopt,
       llvm::CodeGenOptLevel::Aggressive));
   if (machine == nullptr) {
     return absl::InternalError(absl::StrCat("LLVM could not create an NVPTX target machine for ",

@@ -9,6 +9,7 @@
 // has its own LLVMContext); target registration happens once.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -17,8 +18,24 @@
 
 namespace kcache {
 
-// The LLVM release linked in, e.g. "19.1.7".
+// The LLVM release linked in, e.g. "22.1.8".
 std::string LlvmVersionString();
+
+struct LlvmVersion {
+  int major = 0;
+  int minor = 0;
+  std::string text;  // as written: "22.1.8", "23.0.0git"
+};
+
+// The LLVM release linked in.
+LlvmVersion LinkedLlvmVersion();
+
+// The LLVM release that wrote `ir`, where the IR says: bitcode's producer
+// ("LLVM23.0.0git", in its identification block), textual IR's !llvm.ident
+// ("clang version 23.0.0 (...)", "... LLVM 23.1.0"; the newest when several).
+// nullopt when it does not say, as Triton's IR does not. Reads without
+// parsing the module, so it answers for IR this LLVM cannot parse.
+std::optional<LlvmVersion> DeclaredLlvmVersion(absl::string_view ir, bool bitcode);
 
 struct IrToPtxOptions {
   bool bitcode = false;  // the bytes are bitcode (else textual IR)
@@ -34,13 +51,19 @@ struct IrToPtxOptions {
 
 // Parses, verifies (llvm::verifyModule) and compiles `ir` to PTX for the
 // triple nvptx64-nvidia-cuda and processor `options.arch` at -O3 codegen;
-// the PTX ISA version is the least the processor needs (LLVM's choice per
-// processor: 8.0 for sm_90a). IR with debug info keeps its .loc lines, but
+// the PTX ISA version is LLVM's choice per processor (the least it
+// supports for it). IR with debug info keeps its .loc lines, but
 // the PTX is not marked ".target ..., debug" (ptxas refuses to optimize
-// PTX so marked). Errors:
-//   InvalidArgument   "raw.source: ..." with LLVM's parse diagnostic or the
-//                     verifier's message; a triple other than nvptx64; a
-//                     used llvm.* function this LLVM has no intrinsic for;
+// PTX so marked). IR of older releases is upgraded as LLVM reads it (old
+// intrinsics, !nvvm.annotations kernels). Errors:
+//   InvalidArgument   "raw.source: written by LLVM X, newer than the LLVM Y
+//                     that kcache links ..." when DeclaredLlvmVersion is a
+//                     later major.minor than the linked one (patch releases
+//                     share the IR format); "raw.source: LLVM Y cannot parse
+//                     it: ..." with the diagnostic (and, for IR that does not
+//                     say which LLVM wrote it, that a newer LLVM is a likely
+//                     cause); the verifier's message; a triple other than
+//                     nvptx64; a used llvm.* function this LLVM has no intrinsic for;
 //                     "raw.kernel_names[i]: ..." for a missing or non-kernel
 //                     function; "target.arch: ..." for a processor LLVM's
 //                     NVPTX backend does not know;

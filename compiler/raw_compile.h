@@ -20,7 +20,7 @@
 namespace kcache {
 
 // The LLVM release this tree was configured with (CMake's
-// LLVM_PACKAGE_VERSION, e.g. "19.1.7"); empty when built without LLVM. Part
+// LLVM_PACKAGE_VERSION, e.g. "22.1.8"); empty when built without LLVM. Part
 // of the raw toolchain's fingerprint (compiler/toolchain.h): the daemon and
 // its workers are always built from one tree and configuration.
 std::string ConfiguredLlvmVersion();

@@ -2,12 +2,12 @@
 # Builds kcached and its compile worker linked statically against Debian's
 # archives, stripped, into dist/: what travels to a GPU machine that has only
 # glibc, libstdc++, the CUDA driver, NVRTC and nvJitLink. The worker carries
-# LLVM 19's NVPTX backend (KCACHE_WITH_LLVM, the default), so LLVM IR raw
+# LLVM 22's NVPTX backend (KCACHE_WITH_LLVM, the default), so LLVM IR raw
 # kernels compile there too. Run there with LD_LIBRARY_PATH=/usr/local/cuda/lib64
 # for NVRTC and nvJitLink. The worker needs glibc 2.36 or later (LLVM's
 # Support calls arc4random); kcached needs 2.35.
 #
-# dist/kcached (~23 MB) and dist/kcache-compile-worker (~22 MB) are for local
+# dist/kcached (~23 MB) and dist/kcache-compile-worker (~23 MB with LLVM 22) are for local
 # use; dist/kcache-dist.tar.xz (~13 MB, both of them) is what to carry to the
 # GPU machine (carry dist/kcache-dist.tar.xz alone), and there unpacks in place with:
 #   tar -xJf dist/kcache-dist.tar.xz -C dist

@@ -9,7 +9,7 @@ PACKAGES=(
   libprotobuf-dev libabsl-dev libssl-dev libzstd-dev liblz4-dev libsnappy-dev libbz2-dev
   zlib1g-dev libgflags-dev libgtest-dev libgmock-dev libbenchmark-dev libyaml-cpp-dev
   nlohmann-json3-dev systemd
-  llvm-19-dev
+  llvm-22-dev
   python3-grpcio python3-protobuf python3-pytest
 )
 

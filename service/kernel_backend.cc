@@ -232,6 +232,7 @@ void KernelBackend::FillCounters(v1::StatsResponse* s) const {
     qs->set_busy(q.busy);
   }
   *s->mutable_toolchain() = deps_.toolchain;
+  if (deps_.raw_toolchain_status.ok()) *s->mutable_raw_toolchain() = deps_.raw_toolchain;
   for (const DeviceInfo& d : devices_) {
     s->add_devices(absl::StrCat(d.ordinal, ": ", d.name, " (", d.arch, ", ", d.sm_count, " SMs)"));
   }

@@ -4,6 +4,9 @@
 // (compiler/cubin_elf.h) lists with the registers ptxas reported.
 #include "compiler/raw_compile.h"
 
+#include <tuple>
+
+#include "absl/strings/str_cat.h"
 #include "compiler/cubin_elf.h"
 #include "compiler/llvm_nvptx.h"
 #include "compiler/nvjitlink.h"
@@ -55,8 +58,14 @@ void ExpectKernels(const CompileOutput& out, const std::string& arch,
       if (r.name == n) {
         reported = true;
         EXPECT_EQ(k->registers, r.registers) << n;
-        // From sm_90 on the section also holds the driver's reserved 1 KiB.
-        EXPECT_EQ(k->static_smem_bytes, r.static_smem_bytes + (arch >= "sm_90" && r.static_smem_bytes > 0 ? 1024 : 0)) << n;
+        // From sm_90 on the section also holds the driver's reserved 1 KiB
+        // whenever the kernel uses shared memory (static, or dynamic only as
+        // Triton's kernels do, which ptxas reports as 0).
+        if (arch >= "sm_90" && k->static_smem_bytes != r.static_smem_bytes) {
+          EXPECT_EQ(k->static_smem_bytes, r.static_smem_bytes + 1024) << n;
+        } else {
+          EXPECT_EQ(k->static_smem_bytes, r.static_smem_bytes) << n;
+        }
       }
     }
     EXPECT_TRUE(reported) << n << " not in the ptxas report:\n" << out.log;
@@ -66,7 +75,7 @@ void ExpectKernels(const CompileOutput& out, const std::string& arch,
 TEST_P(RawCompileTest, LlvmIrText) {
   auto out = CompileRaw(Source(RawFormat::kLlvmIr, "vadd.ll", {"kc_vadd"}), GetParam(), Options());
   ASSERT_TRUE(out.ok()) << out.status();
-  EXPECT_THAT(out->log, HasSubstr("LLVM 19"));
+  EXPECT_THAT(out->log, HasSubstr(absl::StrCat("LLVM ", LlvmVersionString())));
   ExpectKernels(*out, GetParam(), {"kc_vadd"});
 }
 
@@ -109,6 +118,59 @@ TEST_P(RawCompileTest, Ptx) {
 
 INSTANTIATE_TEST_SUITE_P(Archs, RawCompileTest, ::testing::Values("sm_80", "sm_90", "sm_90a"));
 
+// Triton 3.6's own output (tests/fixtures/raw/triton, generate.py): PTX and
+// LLVM IR of an elementwise kernel, a 128x128x64 bf16 tl.dot (wgmma on
+// sm_90a, over 48 KiB of shared memory) and a num_ctas=2 kernel (clusters),
+// each for the target Triton compiled it for.
+struct TritonCase {
+  std::string base;  // tests/fixtures/raw/triton/<base>.{ptx,ll}
+  std::string kernel;
+  std::string arch;
+};
+
+void PrintTo(const TritonCase& c, std::ostream* os) { *os << c.base << " (" << c.arch << ")"; }
+
+class TritonFixtureTest : public ::testing::TestWithParam<TritonCase> {};
+
+TEST_P(TritonFixtureTest, PtxAndLlvmIrCompile) {
+  const TritonCase& c = GetParam();
+  NvJitLink linker;
+  RawCompileOptions o{&linker, &LlvmIrToPtx, false};
+  for (const auto& [format, ext] : {std::pair{RawFormat::kPtx, ".ptx"},
+                                    std::pair{RawFormat::kLlvmIr, ".ll"}}) {
+    SCOPED_TRACE(c.base + ext);
+    auto out = CompileRaw(Source(format, "triton/" + c.base + ext, {c.kernel}), c.arch, o);
+    ASSERT_TRUE(out.ok()) << out.status();
+    ExpectKernels(*out, c.arch, {c.kernel});
+  }
+}
+
+// The elementwise kernel's IR names no sm_90 feature: Triton's sm_80 IR also
+// compiles for sm_90a.
+TEST(TritonFixture, Sm80IrCompilesForSm90a) {
+  NvJitLink linker;
+  RawCompileOptions o{&linker, &LlvmIrToPtx, false};
+  auto out = CompileRaw(Source(RawFormat::kLlvmIr, "triton/add_kernel.sm80.ll", {"add_kernel"}),
+                        "sm_90a", o);
+  ASSERT_TRUE(out.ok()) << out.status();
+  ExpectKernels(*out, "sm_90a", {"add_kernel"});
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Triton36, TritonFixtureTest,
+    ::testing::Values(TritonCase{"add_kernel.sm80", "add_kernel", "sm_80"},
+                      TritonCase{"add_kernel.sm90a", "add_kernel", "sm_90a"},
+                      TritonCase{"matmul_kernel.sm80", "matmul_kernel", "sm_80"},
+                      TritonCase{"matmul_kernel.sm90a", "matmul_kernel", "sm_90a"},
+                      TritonCase{"cluster_add_kernel.sm90a", "add_kernel", "sm_90a"}),
+    [](const ::testing::TestParamInfo<TritonCase>& i) {
+      std::string n = i.param.base;
+      for (char& ch : n) {
+        if (ch == '.') ch = '_';
+      }
+      return n;
+    });
+
 TEST(RawCompile, VerifierRejectsMalformedIr) {
   NvJitLink linker;
   RawCompileOptions o{&linker, &LlvmIrToPtx, false};
@@ -131,25 +193,97 @@ TEST(RawCompile, DebugInfoKeepsLineTablesButNotTheDebugTarget) {
   EXPECT_THAT(*ptx, HasSubstr("vadd.py"));
 }
 
-// IR from LLVM 21+ (Triton 3.6) can call intrinsics LLVM 19 lacks; they pass
-// the verifier as plain external functions, and ptxas used to answer with a
-// bare syntax error. A declaration nobody calls is harmless and accepted.
+// IR from a newer LLVM that does not say so can call intrinsics this one
+// lacks (as Triton 3.6's IR called llvm.nvvm.barrier.cta.* of LLVM 21 when
+// kcache linked LLVM 19); they pass the verifier as plain external functions,
+// and ptxas used to answer with a bare syntax error. A declaration nobody
+// calls is harmless and accepted.
 TEST(RawCompile, UnknownIntrinsicIsInvalidArgumentNamingIt) {
   NvJitLink linker;
   RawCompileOptions o{&linker, &LlvmIrToPtx, false};
   const std::string head =
       "target triple = \"nvptx64-nvidia-cuda\"\n"
-      "declare void @llvm.nvvm.barrier.cta.sync.aligned.all(i32)\n"
+      "declare void @llvm.nvvm.kcache.future.sync(i32)\n"
       "define ptx_kernel void @kc_sync() {\n";
-  const std::string call = "  call void @llvm.nvvm.barrier.cta.sync.aligned.all(i32 0)\n";
+  const std::string call = "  call void @llvm.nvvm.kcache.future.sync(i32 0)\n";
   auto used = CompileRaw(
       RawSource{RawFormat::kLlvmIr, head + call + "  ret void\n}\n", {"kc_sync"}}, "sm_80", o);
   EXPECT_THAT(used.status(), StatusIs(absl::StatusCode::kInvalidArgument));
-  EXPECT_THAT(used.status().message(), HasSubstr("@llvm.nvvm.barrier.cta.sync.aligned.all"));
-  EXPECT_THAT(used.status().message(), HasSubstr("not an intrinsic of LLVM 19"));
+  EXPECT_THAT(used.status().message(), HasSubstr("@llvm.nvvm.kcache.future.sync"));
+  EXPECT_THAT(used.status().message(),
+              HasSubstr(absl::StrCat("not an intrinsic of LLVM ", LlvmVersionString())));
   auto unused =
       CompileRaw(RawSource{RawFormat::kLlvmIr, head + "  ret void\n}\n", {"kc_sync"}}, "sm_80", o);
   EXPECT_TRUE(unused.ok()) << unused.status();
+}
+
+// IR from older releases keeps compiling: vadd.bc is LLVM 19's bitcode,
+// block_sum.ll uses LLVM 19's llvm.nvvm.barrier0 and !nvvm.annotations, both
+// upgraded on reading (Archs/RawCompileTest above compiles them).
+TEST(RawCompile, DeclaredVersionOfOlderBitcode) {
+  auto v = DeclaredLlvmVersion(RawFixture("vadd.bc"), /*bitcode=*/true);
+  ASSERT_TRUE(v.has_value());
+  EXPECT_EQ(v->major, 19);
+  EXPECT_EQ(v->minor, 1);
+  EXPECT_EQ(v->text, "19.1.7");
+  EXPECT_FALSE(DeclaredLlvmVersion(RawFixture("vadd.ll"), false).has_value());
+  EXPECT_GE(LinkedLlvmVersion().major, 22);
+  EXPECT_EQ(LinkedLlvmVersion().text, LlvmVersionString());
+}
+
+TEST(RawCompile, DeclaredVersionOfText) {
+  auto ident = [](const std::string& s) {
+    return absl::StrCat("target triple = \"nvptx64-nvidia-cuda\"\n!llvm.ident = !{!0, !1}\n",
+                        "!0 = !{!\"", s, "\"}\n!1 = !{!\"some other tool 1.0\"}\n");
+  };
+  auto clang = DeclaredLlvmVersion(ident("clang version 23.0.0git (https://x y)"), false);
+  ASSERT_TRUE(clang.has_value());
+  EXPECT_EQ(clang->major, 23);
+  EXPECT_EQ(clang->minor, 0);
+  EXPECT_EQ(clang->text, "23.0.0git");
+  auto llvm = DeclaredLlvmVersion(ident("mycompiler 2.0 (LLVM 21.1.3)"), false);
+  ASSERT_TRUE(llvm.has_value());
+  EXPECT_EQ(llvm->text, "21.1.3");
+  EXPECT_FALSE(DeclaredLlvmVersion(ident("rustc version 1.80.0"), false).has_value());
+  EXPECT_FALSE(DeclaredLlvmVersion("!llvm.ident = !{!0", false).has_value());
+}
+
+// IR that says a newer LLVM wrote it is refused before LLVM reads it, with
+// both releases named; the fixtures would otherwise compile (newer_llvm.bc is
+// vadd.bc with only its producer string changed).
+TEST(RawCompile, IrFromNewerLlvmIsRefusedNamingBothVersions) {
+  NvJitLink linker;
+  RawCompileOptions o{&linker, &LlvmIrToPtx, false};
+  for (const auto& [format, file, name, version] :
+       {std::tuple{RawFormat::kLlvmIr, "newer_llvm.ll", "kc_vadd_newer", "99.0.0git"},
+        std::tuple{RawFormat::kLlvmBitcode, "newer_llvm.bc", "kc_vadd", "99.1.7"}}) {
+    for (const char* arch : {"sm_80", "sm_90a"}) {
+      auto out = CompileRaw(Source(format, file, {name}), arch, o);
+      EXPECT_THAT(out.status(), StatusIs(absl::StatusCode::kInvalidArgument)) << file;
+      EXPECT_THAT(out.status().message(),
+                  HasSubstr(absl::StrCat("raw.source: written by LLVM ", version,
+                                         ", newer than the LLVM ", LlvmVersionString())))
+          << file;
+    }
+  }
+}
+
+// Most IR does not say which LLVM wrote it (Triton's does not): a parse error
+// then names the linked release and the likely cause.
+TEST(RawCompile, UnparseableIrHintsAtANewerLlvm) {
+  NvJitLink linker;
+  RawCompileOptions o{&linker, &LlvmIrToPtx, false};
+  const std::string ir =
+      "target triple = \"nvptx64-nvidia-cuda\"\n"
+      "define ptx_kernel void @f(ptr addrspace(1) readnone kcache_future(none) %a) {\n"
+      "  ret void\n}\n";
+  auto out = CompileRaw(RawSource{RawFormat::kLlvmIr, ir, {"f"}}, "sm_80", o);
+  EXPECT_THAT(out.status(), StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(out.status().message(),
+              HasSubstr(absl::StrCat("LLVM ", LlvmVersionString(), " cannot parse it")));
+  EXPECT_THAT(out.status().message(), HasSubstr("raw.source:2:"));
+  EXPECT_THAT(out.status().message(),
+              HasSubstr(absl::StrCat("IR from an LLVM newer than ", LlvmVersionString())));
 }
 
 TEST(RawCompile, ParseErrorIsInvalidArgumentWithLocation) {

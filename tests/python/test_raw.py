@@ -141,3 +141,112 @@ def test_pack_args_by_parameter_size():
     assert cuda._dim3("k", "block", (32, 4)) == (32, 4, 1)
     with pytest.raises(ValueError, match="block"):
         cuda._dim3("k", "block", (0,))
+
+
+# Launch planning (kcache.cuda.plan_launch): shared memory against the device's maximum,
+# thread-block clusters; no driver needed.
+H200 = dict(max_shared_optin=232448)
+
+
+def test_plan_launch_shared_memory():
+    lim = cuda.FunctionLimits(static_shared=1024, **H200)
+    g, b = (4, 1, 1), (128, 1, 1)
+    assert cuda.plan_launch("k", g, b, 98304, lim) is None
+    assert cuda.plan_launch("k", g, b, 232448 - 1024, lim) is None
+    with pytest.raises(ValueError, match=r"k: shared=231425 bytes of dynamic shared memory plus "
+                       r"1024 static is over this device's maximum of 232448 bytes per block"
+                       r".*at most 231424 dynamic"):
+        cuda.plan_launch("k", g, b, 232448 - 1023, lim)
+    with pytest.raises(ValueError, match="byte count"):
+        cuda.plan_launch("k", g, b, -1, lim)
+    with pytest.raises(ValueError, match="byte count"):
+        cuda.plan_launch("k", g, b, 1.5, lim)
+
+
+def test_plan_launch_clusters():
+    g, b = (8, 2, 1), (128, 1, 1)
+    req = cuda.FunctionLimits(required_cluster=(2, 1, 1), **H200)
+    assert cuda.plan_launch("k", g, b, 0, req) == (2, 1, 1)       # the driver's shape
+    assert cuda.plan_launch("k", g, b, 0, req, cluster=2) == (2, 1, 1)
+    with pytest.raises(ValueError, match=r"compiled for clusters of \(2, 1, 1\)"):
+        cuda.plan_launch("k", g, b, 0, req, cluster=(4, 1, 1))
+    with pytest.raises(ValueError, match="grid x=7 is not a multiple of the cluster's x=2"):
+        cuda.plan_launch("k", (7, 1, 1), b, 0, req)
+    explicit = cuda.FunctionLimits(cluster_must_be_set=True, **H200)
+    with pytest.raises(ValueError, match=r"\.explicitcluster.*pass cluster="):
+        cuda.plan_launch("k", g, b, 0, explicit)
+    assert cuda.plan_launch("k", g, b, 0, explicit, cluster=(1, 2)) == (1, 2, 1)
+    plain = cuda.FunctionLimits(**H200)
+    assert cuda.plan_launch("k", g, b, 0, plain) is None
+    assert cuda.plan_launch("k", g, b, 0, plain, cluster=1) is None  # no cluster asked
+    assert cuda.plan_launch("k", g, b, 0, plain, cluster=(4, 2, 1)) == (4, 2, 1)
+
+
+class FakeDriver:
+    """The few driver entry points launch_raw calls, recording them."""
+
+    def __init__(self, static_shared=0, cluster=(0, 0, 0), must=0):
+        self.calls = []
+        self.attrs = {1: static_shared, 10: must, 11: cluster[0], 12: cluster[1],
+                      13: cluster[2]}
+
+    def cuCtxGetDevice(self, dev):
+        dev._obj.value = 0
+        return 0
+
+    def cuDeviceGetAttribute(self, out, attr, dev):
+        out._obj.value = 232448 if attr == 97 else 0
+        return 0
+
+    def cuFuncGetAttribute(self, out, attr, fn):
+        out._obj.value = self.attrs.get(attr, 0)
+        return 0
+
+    def cuFuncSetAttribute(self, fn, attr, value):
+        self.calls.append(("set", attr, value))
+        return 0
+
+    def cuLaunchKernel(self, fn, gx, gy, gz, bx, by, bz, shared, stream, argv, extra):
+        self.calls.append(("launch", (gx, gy, gz), (bx, by, bz), shared))
+        return 0
+
+    def cuLaunchKernelEx(self, config, fn, argv, extra):
+        c = config._obj
+        attrs = [(c.attrs[i].id, tuple(c.attrs[i].value.clusterDim.__getattribute__(a)
+                                       for a in "xyz")) for i in range(c.numAttrs)]
+        self.calls.append(("launch_ex", (c.gridDimX, c.gridDimY, c.gridDimZ),
+                           (c.blockDimX, c.blockDimY, c.blockDimZ), c.sharedMemBytes,
+                           attrs[0]))
+        return 0
+
+
+def fake_loaded(monkeypatch, driver):
+    monkeypatch.setattr(cuda, "_lib", driver)
+    return cuda.LoadedKernel(type("R", (), {"record": None})(), 1, 2, {"k": 0x1234})
+
+
+def test_launch_raw_raises_the_shared_limit_once_per_function(monkeypatch):
+    drv = FakeDriver(static_shared=1024)
+    loaded = fake_loaded(monkeypatch, drv)
+    vals = [ctypes.c_int32(1)]
+    cuda.launch_raw(loaded, "k", (1, 1, 1), (128, 1, 1), 1024, 0, vals)
+    assert drv.calls == [("launch", (1, 1, 1), (128, 1, 1), 1024)]  # under 48 KiB: nothing
+    for _ in range(3):
+        cuda.launch_raw(loaded, "k", (1, 1, 1), (128, 1, 1), 98304, 0, vals)
+    assert [c for c in drv.calls if c[0] == "set"] == [("set", 8, 232448 - 1024)]
+    with pytest.raises(ValueError, match="over this device's maximum"):
+        cuda.launch_raw(loaded, "k", (1, 1, 1), (128, 1, 1), 232448, 0, vals)
+    assert len(drv.calls) == 5  # the refused launch reached no driver call
+
+
+def test_launch_raw_launches_required_clusters_through_launch_kernel_ex(monkeypatch):
+    drv = FakeDriver(cluster=(2, 1, 1))
+    loaded = fake_loaded(monkeypatch, drv)
+    cuda.launch_raw(loaded, "k", (8, 1, 1), (128, 1, 1), 0, 0, [])
+    assert drv.calls == [("launch_ex", (8, 1, 1), (128, 1, 1), 0,
+                          (cuda.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION, (2, 1, 1)))]
+    drv = FakeDriver()  # no cluster compiled in; 16 blocks a cluster needs the opt-in
+    loaded = fake_loaded(monkeypatch, drv)
+    cuda.launch_raw(loaded, "k", (16, 1, 1), (128, 1, 1), 0, 0, [], cluster=16)
+    assert drv.calls[0] == ("set", cuda.CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1)
+    assert drv.calls[1][0] == "launch_ex" and drv.calls[1][4][1] == (16, 1, 1)

@@ -2,19 +2,18 @@
 
 Triton compiles a row softmax on this machine (fresh cache); its PTX and its LLVM IR (llir)
 are each sent to a kcached started with raw kernels enabled (admin token). Each cubin kcache
-returns (PTX -> nvJitLink; LLVM IR -> LLVM 19 NVPTX -> PTX -> nvJitLink) is loaded with the
+returns (PTX -> nvJitLink; LLVM IR -> LLVM 22 NVPTX -> PTX -> nvJitLink) is loaded with the
 CUDA driver and launched with the arguments Triton's own launch used; its output must equal
 Triton's bit for bit. Prints Triton's compile time (first call, empty cache, minus a warm
 launch) beside kcache's for each input (cold request, worker compile time, warm hit).
 
-Triton's llir is printed by Triton's own, newer LLVM (21+ for Triton 3.6), and LLVM IR text
-is only backward compatible: LLVM 19 may not parse it (e.g. `captures(none)`, `icmp
-samesign`) or may lack an intrinsic it names (e.g. llvm.nvvm.barrier.cta.sync.aligned.all).
-The llir is sent as is first; if kcache answers INVALID_ARGUMENT, the same IR with the
-spellings of LLVM19_REWRITES (each one the older spelling of the same operation, or an
-attribute dropped) is sent once more, and the rewrites applied are printed. A daemon whose
-worker lacks LLVM answers UNIMPLEMENTED, which is reported, not failed. Both IR texts and
-the PTX are written to --out so that they can be compiled elsewhere.
+Triton's llir is printed by Triton's own LLVM, and LLVM reads IR of its own release or
+older only. With LLVM 19 this script had to respell Triton 3.6's IR (`captures(none)`,
+`icmp samesign`, llvm.nvvm.barrier.cta.*, llvm.nvvm.div.full); kcache's LLVM 22 reads it as
+Triton writes it, so the llir is sent as is, and INVALID_ARGUMENT fails the run (for IR
+from an LLVM newer than kcache's the message names both releases). A daemon whose worker
+lacks LLVM answers UNIMPLEMENTED, which is reported, not failed. The IR and the PTX are
+written to --out so that they can be compiled elsewhere.
 
   python3 tests/python/triton_raw_gpu.py --kcached dist/kcached --out DIR
 """
@@ -29,52 +28,6 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
-
-# LLVM 20+ spellings in textual IR -> what LLVM 19 reads, each meaning the same or less.
-# (name, pattern, replacement). Dropping an attribute only withholds a fact from LLVM.
-LLVM19_REWRITES = [
-    ("captures(none) -> nocapture (LLVM 21)", r"\bcaptures\(none\)", "nocapture"),
-    ("other captures(...) dropped (LLVM 21)", r" captures\([^)]*\)", ""),
-    ("icmp samesign -> icmp (LLVM 20)", r"\bicmp samesign ", "icmp "),
-    ("nocreateundeforpoison dropped (LLVM 22)", r" nocreateundeforpoison\b", ""),
-    ("initializes(...) dropped (LLVM 20)", r" initializes\((?:\([^()]*\)(?:, )?)+\)", ""),
-    # LLVM 21 folded the CTA barriers into llvm.nvvm.barrier.cta.*; LLVM 19's names for the
-    # same PTX (bar.sync = barrier.sync.aligned).
-    ("barrier.cta.sync.aligned.all -> bar.sync (LLVM 21)",
-     r"@llvm\.nvvm\.barrier\.cta\.sync\.aligned\.all\b", "@llvm.nvvm.bar.sync"),
-    ("barrier.cta.sync.aligned.count -> barrier (LLVM 21)",
-     r"@llvm\.nvvm\.barrier\.cta\.sync\.aligned\.count\b", "@llvm.nvvm.barrier"),
-    ("barrier.cta.sync.all -> barrier.sync (LLVM 21)",
-     r"@llvm\.nvvm\.barrier\.cta\.sync\.all\b", "@llvm.nvvm.barrier.sync"),
-    ("barrier.cta.sync.count -> barrier.sync.cnt (LLVM 21)",
-     r"@llvm\.nvvm\.barrier\.cta\.sync\.count\b", "@llvm.nvvm.barrier.sync.cnt"),
-    # LLVM 21/22 made ex2.approx and fabs overloaded (.f32/.f64 suffixes).
-    ("ex2.approx[.ftz].f32 -> ex2.approx[.ftz].f (LLVM 22)",
-     r"@llvm\.nvvm\.ex2\.approx\.(ftz\.)?f32\b", r"@llvm.nvvm.ex2.approx.\1f"),
-    ("ex2.approx.f64 -> ex2.approx.d (LLVM 22)", r"@llvm\.nvvm\.ex2\.approx\.f64\b",
-     "@llvm.nvvm.ex2.approx.d"),
-    ("fabs[.ftz].f32 -> fabs[.ftz].f (LLVM 21)", r"@llvm\.nvvm\.fabs\.(ftz\.)?f32\b",
-     r"@llvm.nvvm.fabs.\1f"),
-    ("fabs.f64 -> fabs.d (LLVM 21)", r"@llvm\.nvvm\.fabs\.f64\b", "@llvm.nvvm.fabs.d"),
-    # LLVM 21's div.full intrinsic is PTX div.full.f32, which LLVM 19 can only emit as inline
-    # asm (the same instruction); its declaration goes.
-    ("div.full -> inline asm div.full.f32 (LLVM 21)",
-     r"call float @llvm\.nvvm\.div\.full\(",
-     'call float asm "div.full.f32 $0, $1, $2;", "=f,f,f"('),
-    ("div.full declaration dropped (LLVM 21)",
-     r"(?m)^declare [^\n]*@llvm\.nvvm\.div\.full\([^\n]*\n", ""),
-]
-
-
-def llvm19_ir(llir):
-    """`llir` with LLVM19_REWRITES applied, and [(name, count)] of those that matched."""
-    applied = []
-    for name, pattern, repl in LLVM19_REWRITES:
-        llir, n = re.subn(pattern, repl, llir)
-        if n:
-            applied.append((name, n))
-    return llir, applied
-
 
 def entry_params(ptx, name):
     """PTX parameter types of .entry `name`, in order (e.g. ['u64', 'u64', 'u32'])."""
@@ -212,27 +165,12 @@ def main(argv=None):
             report_times("PTX -> cubin", fmt, ptx.encode(), resp, cold)
             failed = not run_and_compare("PTX", resp.cubin) or failed
 
-            # LLVM IR half: Triton's llir -> LLVM 19 NVPTX -> PTX -> nvJitLink.
+            # LLVM IR half: Triton's llir, as Triton wrote it -> LLVM 22 NVPTX -> PTX ->
+            # nvJitLink.
             fmt = spec_pb2.RawKernel.FORMAT_LLVM_IR
             source, what = llir, "Triton's llir"
             try:
-                try:
-                    resp, cold = ask(fmt, source.encode())
-                except grpc.RpcError as e:
-                    if e.code() != grpc.StatusCode.INVALID_ARGUMENT:
-                        raise
-                    source, applied = llvm19_ir(llir)
-                    print("kcache LLVM IR: LLVM 19 rejects Triton's llir as is:\n  %s"
-                          % e.details().replace("\n", "\n  "), flush=True)
-                    if not applied:
-                        raise
-                    path = os.path.join(args.out, name + ".llvm19.ll")
-                    with open(path, "w") as f:
-                        f.write(source)
-                    what = "Triton's llir in LLVM 19 spelling"
-                    print("kcache LLVM IR: sending it again with %s (written to %s)"
-                          % ("; ".join("%s x%d" % a for a in applied), path), flush=True)
-                    resp, cold = ask(fmt, source.encode())
+                resp, cold = ask(fmt, source.encode())
             except grpc.RpcError as e:
                 if e.code() == grpc.StatusCode.UNIMPLEMENTED:
                     print("kcache LLVM IR: UNIMPLEMENTED (this kcached's compile worker has no "

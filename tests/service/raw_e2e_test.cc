@@ -8,6 +8,7 @@
 #include <stdlib.h>
 
 #include <sstream>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "compiler/cubin_elf.h"
@@ -100,7 +101,7 @@ TEST(RawE2E, FixturesCompileForSm80AndSm90aThenHit) {
       EXPECT_FALSE(call.response.cache_hit());
       EXPECT_EQ(rec.arch(), arch);
       EXPECT_EQ(rec.toolchain().compiler(), "llvm-nvptx+nvjitlink");
-      EXPECT_THAT(rec.toolchain().version(), HasSubstr("llvm 19."));
+      EXPECT_THAT(rec.toolchain().version(), HasSubstr("llvm 22."));
       EXPECT_THAT(rec.toolchain().version(), HasSubstr("nvjitlink 13."));
       EXPECT_EQ(rec.raw().format(), c.format);
       EXPECT_EQ(rec.raw().source_size(), RawFixture(c.file).size());
@@ -161,6 +162,23 @@ TEST(RawE2E, KcacheShowListsTheCubinsKernels) {
     EXPECT_THAT(text, ::testing::ContainsRegex(
                           absl::StrCat("kc_block_sum +kernel +", regs, " +1024 ")));
     EXPECT_THAT(text, ::testing::ContainsRegex("kc_scale +kernel +[0-9]+ +0 "));
+
+    // `kcache status` names both toolchains, and the raw one's entry is
+    // current, not one to invalidate.
+    std::ostringstream sout, serr;
+    args = conn;
+    args.push_back("status");
+    ASSERT_EQ(tools::RunKcache(args, {sout, serr}), tools::kExitOk) << serr.str();
+    const std::string tc_id = call.response.record().toolchain().id();
+    EXPECT_THAT(sout.str(), ::testing::ContainsRegex(absl::StrCat(
+                                "\nraw +llvm-nvptx\\+nvjitlink llvm 22\\.[0-9.]+ nvjitlink "
+                                "[0-9.]+  id ",
+                                tc_id)))
+        << sout.str();
+    EXPECT_THAT(sout.str(),
+                ::testing::ContainsRegex(tc_id + " +1 +.* +sm_80 +current \\(raw kernels\\)"))
+        << sout.str();
+    EXPECT_THAT(sout.str(), ::testing::Not(HasSubstr("invalidate --toolchain " + tc_id)));
   }
 }
 
@@ -213,6 +231,16 @@ TEST(RawE2E, MalformedInputIsInvalidArgument) {
   EXPECT_EQ(bad.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_THAT(bad.status.error_message(), HasSubstr("verifier"));
   EXPECT_THAT(bad.status.error_message(), HasSubstr("does not dominate all uses"));
+
+  // IR that says a newer LLVM wrote it: refused naming both releases.
+  for (const auto& [format, file, name] :
+       {std::tuple{v1::RawKernel::FORMAT_LLVM_IR, "newer_llvm.ll", "kc_vadd_newer"},
+        std::tuple{v1::RawKernel::FORMAT_LLVM_BITCODE, "newer_llvm.bc", "kc_vadd"}}) {
+    Call newer = Get(*d, RawRequest(format, file, {name}, "sm_90a"));
+    EXPECT_EQ(newer.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << file;
+    EXPECT_THAT(newer.status.error_message(), HasSubstr("written by LLVM 99.")) << file;
+    EXPECT_THAT(newer.status.error_message(), HasSubstr("newer than the LLVM 22.")) << file;
+  }
 
   Call missing = Get(*d, RawRequest(v1::RawKernel::FORMAT_LLVM_IR, "vadd.ll", {"kc_nope"}, "sm_80"));
   EXPECT_EQ(missing.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);

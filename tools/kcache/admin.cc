@@ -160,9 +160,12 @@ class StoreAdmin final : public Admin {
   absl::StatusOr<v1::StatsResponse> Stats() override {
     auto s = store_->Stats();
     if (!s.ok()) return s.status();
-    // This machine's NVRTC stands in for "the current toolchain".
+    // This machine's NVRTC and nvJitLink stand in for "the current
+    // toolchains" (attention and raw kernels).
     Nvrtc nvrtc;
     if (auto tc = NvrtcToolchain(nvrtc); tc.ok()) *s->mutable_toolchain() = *tc;
+    NvJitLink linker;
+    if (auto tc = RawToolchain(linker); tc.ok()) *s->mutable_raw_toolchain() = *tc;
     return s;
   }
   absl::StatusOr<v1::ListResponse> List(const v1::Filter& filter, uint32_t page_size,

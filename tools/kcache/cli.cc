@@ -427,10 +427,12 @@ class Cli {
     j["mode"] = admin.channel() ? "daemon" : "store";
     json tcs = json::array();
     for (const auto& [id, r] : ByToolchain(s)) {
-      tcs.push_back({{"toolchain_id", id},
-                     {"entries", r.entries},
-                     {"bytes", r.bytes},
-                     {"current", id == s.toolchain().id()}});
+      tcs.push_back(
+          {{"toolchain_id", id},
+           {"entries", r.entries},
+           {"bytes", r.bytes},
+           {"current", id == s.toolchain().id()},
+           {"current_raw", !s.raw_toolchain().id().empty() && id == s.raw_toolchain().id()}});
     }
     j["toolchains"] = tcs;
     return j;
@@ -462,6 +464,17 @@ class Cli {
                             : absl::StrCat(tc.compiler(), " ", tc.version(), "  id ", tc.id(),
                                            daemon ? "" : "  (this machine's NVRTC)"))
         << "\n";
+      // Raw kernels (LLVM IR, PTX) key under a toolchain of their own: its
+      // id changes with the LLVM or nvJitLink release, so after an upgrade
+      // the old one shows below as "other", to invalidate.
+      const auto& raw = s.raw_toolchain();
+      o << "raw         "
+        << (!raw.id().empty()
+                ? absl::StrCat(raw.compiler(), " ", raw.version(), "  id ", raw.id(),
+                               daemon ? "" : "  (this machine's LLVM and nvJitLink)")
+                : std::string(daemon ? "off (kcached runs without --enable_raw_kernels)"
+                                     : "unknown (nvJitLink does not load here)"))
+        << "\n";
       if (daemon) {
         o << "devices     "
           << (s.devices().empty() ? std::string("none (compiles for named architectures only)")
@@ -481,8 +494,10 @@ class Cli {
       Table t({"TOOLCHAIN", "ENTRIES", "BYTES", "ARCHS", ""}, {false, true, true, false, false});
       for (const auto& [id, r] : ByToolchain(s)) {
         t.Add({id, absl::StrCat(r.entries), HumanBytes(r.bytes), absl::StrJoin(r.archs, ","),
-               id == tc.id() ? "current"
-                             : "other: never served; kcache invalidate --toolchain " + id});
+               id == tc.id()                        ? "current"
+               : !raw.id().empty() && id == raw.id() ? "current (raw kernels)"
+                                                     : "other: never served; kcache invalidate "
+                                                       "--toolchain " + id});
       }
       if (t.size() == 0) {
         o << "(no entries)\n";
@@ -510,11 +525,14 @@ class Cli {
         << "quarantined       " << s.quarantined() << "\n\n";
       Table t({"TOOLCHAIN", "ARCH", "ENTRIES", "BYTES"}, {false, false, true, true});
       for (const auto& g : s.groups()) {
-        t.Add({g.toolchain_id() + (g.toolchain_id() == s.toolchain().id() ? "*" : ""), g.arch(),
+        const bool current = g.toolchain_id() == s.toolchain().id() ||
+                             (!s.raw_toolchain().id().empty() &&
+                              g.toolchain_id() == s.raw_toolchain().id());
+        t.Add({g.toolchain_id() + (current ? "*" : ""), g.arch(),
                absl::StrCat(g.entries()), HumanBytes(g.bytes())});
       }
       t.Print(o);
-      if (!s.toolchain().id().empty()) o << "(* the current toolchain)\n";
+      if (!s.toolchain().id().empty()) o << "(* a current toolchain: attention or raw kernels)\n";
     });
   }
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import threading
-from typing import (TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union,
-                    cast)
+from typing import (TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Sequence, Set, Tuple,
+                    Union, cast)
 
 from kcache.errors import CudaError, InvalidArgument
 from kcache.params import AttentionParams, check_record_abi
@@ -23,9 +23,21 @@ from kcache.params import AttentionParams, check_record_abi
 if TYPE_CHECKING:  # for the annotations only: kcache.client imports this module lazily
     from kcache.client import KernelResult
 
+CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES = 1
 CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
+CU_FUNC_ATTRIBUTE_CLUSTER_SIZE_MUST_BE_SET = 10
+CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_WIDTH = 11   # HEIGHT 12, DEPTH 13
+CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED = 14
+CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN = 97
 CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75
 CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 76
+CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION = 4
+CU_LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE = 5
+CU_CLUSTER_SCHEDULING_POLICY_SPREAD = 1
+# Dynamic shared memory a launch may use without raising the function's limit.
+DEFAULT_DYNAMIC_SHARED_LIMIT = 48 * 1024
+# Blocks per cluster that need no opt-in (CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED).
+PORTABLE_CLUSTER_SIZE = 8
 # kcache.v1.EntryRole values (proto/kcache/v1/record.proto).
 ENTRY_ROLE_FORWARD = 1
 ENTRY_ROLE_BACKWARD = 2               # dK, dV (and dQ into the fp32 accumulator)
@@ -55,12 +67,42 @@ _PROTOS = {
     "cuModuleUnload": [_vp],
     "cuModuleGetFunction": [ctypes.POINTER(_vp), _vp, ctypes.c_char_p],
     "cuFuncSetAttribute": [_vp, ctypes.c_int, ctypes.c_int],
+    "cuFuncGetAttribute": [ctypes.POINTER(ctypes.c_int), ctypes.c_int, _vp],
     "cuFuncGetParamInfo": [_vp, ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t),
                            ctypes.POINTER(ctypes.c_size_t)],
     "cuLaunchKernel": [_vp, ctypes.c_uint, ctypes.c_uint, ctypes.c_uint, ctypes.c_uint,
                        ctypes.c_uint, ctypes.c_uint, ctypes.c_uint, _vp, ctypes.POINTER(_vp),
                        ctypes.POINTER(_vp)],
 }
+
+
+class _ClusterDim(ctypes.Structure):
+    _fields_ = [("x", ctypes.c_uint), ("y", ctypes.c_uint), ("z", ctypes.c_uint)]
+
+
+class _LaunchAttributeValue(ctypes.Union):
+    # CUlaunchAttributeValue: 64 bytes, pointer-aligned (it holds pointers in other members).
+    _fields_ = [("pad", ctypes.c_char * 64), ("align", ctypes.c_void_p),
+                ("clusterDim", _ClusterDim), ("i", ctypes.c_int)]
+
+
+class _LaunchAttribute(ctypes.Structure):
+    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4),
+                ("value", _LaunchAttributeValue)]
+
+
+class _LaunchConfig(ctypes.Structure):
+    _fields_ = [("gridDimX", ctypes.c_uint), ("gridDimY", ctypes.c_uint),
+                ("gridDimZ", ctypes.c_uint), ("blockDimX", ctypes.c_uint),
+                ("blockDimY", ctypes.c_uint), ("blockDimZ", ctypes.c_uint),
+                ("sharedMemBytes", ctypes.c_uint), ("hStream", ctypes.c_void_p),
+                ("attrs", ctypes.POINTER(_LaunchAttribute)), ("numAttrs", ctypes.c_uint)]
+
+
+assert ctypes.sizeof(_LaunchAttribute) == 72 and ctypes.sizeof(_LaunchConfig) == 56
+
+_PROTOS["cuLaunchKernelEx"] = [ctypes.POINTER(_LaunchConfig), _vp, ctypes.POINTER(_vp),
+                               ctypes.POINTER(_vp)]
 
 
 def lib() -> ctypes.CDLL:
@@ -158,6 +200,11 @@ class LoadedKernel:
         self.context = context
         self.module = module
         self.functions = functions  # name -> CUfunction (int)
+        # Raw launches (launch_raw): per function, its FunctionLimits, and whether its
+        # dynamic shared memory limit has been raised; once per function in this context.
+        self._launch_lock = threading.Lock()
+        self._limits: Dict[str, FunctionLimits] = {}
+        self._raised: Set[str] = set()
 
     def entry(self, role: int) -> Tuple[Any, Optional[int]]:
         """(EntryPoint, CUfunction) of the first entry with this role, or (None, None)."""
@@ -305,3 +352,138 @@ def launch_packed(function: int, grid: Sequence[int], block: Sequence[int], shar
         *[ctypes.cast(ctypes.pointer(v), _vp) for v in values])
     check(lib().cuLaunchKernel(function, grid[0], grid[1], grid[2], block[0], block[1], block[2],
                                shared, stream, argv, None), "cuLaunchKernel")
+
+
+class FunctionLimits:
+    """What the driver says about launching one CUfunction in one context: its static
+    shared memory, the device's opt-in maximum of shared memory per block, and the
+    thread-block cluster it requires (PTX .reqnctapercluster: `required_cluster`, a
+    3-tuple or None; .explicitcluster: `cluster_must_be_set`)."""
+
+    def __init__(self, static_shared: int = 0,
+                 max_shared_optin: int = DEFAULT_DYNAMIC_SHARED_LIMIT,
+                 required_cluster: Optional[Tuple[int, ...]] = None,
+                 cluster_must_be_set: bool = False) -> None:
+        self.static_shared = static_shared
+        self.max_shared_optin = max_shared_optin
+        self.required_cluster = required_cluster
+        self.cluster_must_be_set = cluster_must_be_set
+
+    def __repr__(self) -> str:
+        return ("FunctionLimits(static_shared=%d, max_shared_optin=%d, required_cluster=%r, "
+                "cluster_must_be_set=%r)" % (self.static_shared, self.max_shared_optin,
+                                             self.required_cluster, self.cluster_must_be_set))
+
+
+def function_limits(function: int) -> FunctionLimits:
+    """FunctionLimits of `function` (its context current on this thread). Attributes an
+    older driver does not know read as 0 (no cluster)."""
+    cu = lib()
+
+    def attr(a: int) -> int:
+        v = ctypes.c_int()
+        return v.value if cu.cuFuncGetAttribute(ctypes.byref(v), a, function) == 0 else 0
+
+    dev, optin = ctypes.c_int(), ctypes.c_int()
+    check(cu.cuCtxGetDevice(ctypes.byref(dev)), "cuCtxGetDevice")
+    check(cu.cuDeviceGetAttribute(ctypes.byref(optin),
+                                  CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, dev.value),
+          "cuDeviceGetAttribute(MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)")
+    required = tuple(attr(CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_WIDTH + i) for i in range(3))
+    return FunctionLimits(static_shared=attr(CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES),
+                          max_shared_optin=max(optin.value, DEFAULT_DYNAMIC_SHARED_LIMIT),
+                          required_cluster=required if all(required) else None,
+                          cluster_must_be_set=bool(
+                              attr(CU_FUNC_ATTRIBUTE_CLUSTER_SIZE_MUST_BE_SET)))
+
+
+def plan_launch(name: str, grid: Sequence[int], block: Sequence[int], shared: int,
+                limits: FunctionLimits,
+                cluster: Union[None, int, Sequence[int]] = None) -> Optional[Tuple[int, ...]]:
+    """Checks one launch of kernel `name` against its FunctionLimits, without the driver.
+    `grid` and `block` are 3-tuples (grid in blocks, as cuLaunchKernel takes it); `cluster`
+    the caller's cluster shape (an int or up to three ints) or None. Returns the cluster
+    shape to launch with (the caller's, else the kernel's required one; None: no cluster).
+    InvalidArgument (a ValueError) naming the kernel when `shared` is over the device's
+    maximum, when a cluster is required but not known or differs from the compiled one, or
+    when the grid is not a whole number of clusters."""
+    if isinstance(shared, bool) or not isinstance(shared, int) or shared < 0:
+        raise InvalidArgument("%s shared: a byte count >= 0, got %r" % (name, shared))
+    if shared + limits.static_shared > limits.max_shared_optin:
+        raise InvalidArgument(
+            "%s: shared=%d bytes of dynamic shared memory%s is over this device's maximum of "
+            "%d bytes per block (CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)%s"
+            % (name, shared, " plus %d static" % limits.static_shared
+               if limits.static_shared else "", limits.max_shared_optin,
+               "; at most %d dynamic" % (limits.max_shared_optin - limits.static_shared)
+               if limits.max_shared_optin > limits.static_shared else ""))
+    shape: Optional[Tuple[int, ...]] = None
+    if cluster is not None:
+        shape = _dim3(name, "cluster", cluster)
+        if limits.required_cluster is not None and shape != tuple(limits.required_cluster):
+            raise InvalidArgument("%s: cluster=%r, but the kernel was compiled for clusters "
+                                  "of %r (.reqnctapercluster)"
+                                  % (name, shape, tuple(limits.required_cluster)))
+    elif limits.required_cluster is not None:
+        shape = tuple(limits.required_cluster)
+    elif limits.cluster_must_be_set:
+        raise InvalidArgument("%s: the kernel requires a thread-block cluster "
+                              "(.explicitcluster) and does not say its shape: pass "
+                              "cluster=(x, y, z)" % name)
+    if shape is not None:
+        for axis, g, c in zip("xyz", grid, shape):
+            if g % c:
+                raise InvalidArgument("%s: grid %s=%d is not a multiple of the cluster's %s=%d "
+                                      "(the grid counts blocks, a whole number of clusters)"
+                                      % (name, axis, g, axis, c))
+        if shape == (1, 1, 1) and not limits.cluster_must_be_set \
+                and limits.required_cluster is None:
+            shape = None
+    return shape
+
+
+def launch_raw(loaded: LoadedKernel, name: str, grid: Sequence[int], block: Sequence[int],
+               shared: int, stream: int, values: Sequence[Any],
+               cluster: Union[None, int, Sequence[int]] = None) -> None:
+    """Launches function `name` of a LoadedKernel (its context current on this thread) with
+    `values` (ctypes instances, one per parameter): checks the launch (plan_launch), raises
+    the function's dynamic shared memory limit to the device's maximum when `shared` is
+    over 48 KiB (once per function in this context, as Triton's launcher does), and
+    launches through cuLaunchKernelEx with the cluster shape when there is one, else
+    cuLaunchKernel."""
+    fn = loaded.functions[name]
+    with loaded._launch_lock:
+        limits = loaded._limits.get(name)
+        if limits is None:
+            limits = loaded._limits[name] = function_limits(fn)
+    cluster = plan_launch(name, grid, block, shared, limits, cluster)
+    cu = lib()
+    if shared > DEFAULT_DYNAMIC_SHARED_LIMIT:
+        with loaded._launch_lock:
+            if name not in loaded._raised:
+                most = limits.max_shared_optin - limits.static_shared
+                check(cu.cuFuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                            most),
+                      "%s: cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES, %d)" % (name, most))
+                loaded._raised.add(name)
+    if cluster is None:
+        launch_packed(fn, grid, block, shared, stream, values)
+        return
+    if getattr(cu, "cuLaunchKernelEx", None) is None:
+        raise CudaError("%s needs a thread-block cluster launch (cuLaunchKernelEx, CUDA 12+); "
+                        "this driver lacks it" % name)
+    if cluster[0] * cluster[1] * cluster[2] > PORTABLE_CLUSTER_SIZE:
+        check(cu.cuFuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1),
+              "%s: cuFuncSetAttribute(NON_PORTABLE_CLUSTER_SIZE_ALLOWED)" % name)
+    attrs = (_LaunchAttribute * 2)()
+    attrs[0].id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+    attrs[0].value.clusterDim = _ClusterDim(*cluster)
+    # Triton's launcher spreads a cluster's blocks over SMs; so do we, for equal timing.
+    attrs[1].id = CU_LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE
+    attrs[1].value.i = CU_CLUSTER_SCHEDULING_POLICY_SPREAD
+    config = _LaunchConfig(grid[0], grid[1], grid[2], block[0], block[1], block[2], shared,
+                           stream, attrs, 2)
+    argv = (_vp * max(1, len(values)))(
+        *[ctypes.cast(ctypes.pointer(v), _vp) for v in values])
+    check(cu.cuLaunchKernelEx(ctypes.byref(config), fn, argv, None),
+          "%s: cuLaunchKernelEx(cluster %r)" % (name, cluster))

@@ -244,7 +244,7 @@ class StatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class StatsResponse(_message.Message):
-    __slots__ = ["blob_bytes", "blobs", "compile_failures", "compile_only", "compiles", "devices", "entries", "groups", "hits", "misses", "pinned", "quarantined", "queues", "requests", "toolchain"]
+    __slots__ = ["blob_bytes", "blobs", "compile_failures", "compile_only", "compiles", "devices", "entries", "groups", "hits", "misses", "pinned", "quarantined", "queues", "raw_toolchain", "requests", "toolchain"]
     BLOBS_FIELD_NUMBER: _ClassVar[int]
     BLOB_BYTES_FIELD_NUMBER: _ClassVar[int]
     COMPILES_FIELD_NUMBER: _ClassVar[int]
@@ -258,6 +258,7 @@ class StatsResponse(_message.Message):
     PINNED_FIELD_NUMBER: _ClassVar[int]
     QUARANTINED_FIELD_NUMBER: _ClassVar[int]
     QUEUES_FIELD_NUMBER: _ClassVar[int]
+    RAW_TOOLCHAIN_FIELD_NUMBER: _ClassVar[int]
     REQUESTS_FIELD_NUMBER: _ClassVar[int]
     TOOLCHAIN_FIELD_NUMBER: _ClassVar[int]
     blob_bytes: int
@@ -273,9 +274,10 @@ class StatsResponse(_message.Message):
     pinned: int
     quarantined: int
     queues: _containers.RepeatedCompositeFieldContainer[QueueStats]
+    raw_toolchain: _record_pb2.Toolchain
     requests: int
     toolchain: _record_pb2.Toolchain
-    def __init__(self, entries: _Optional[int] = ..., blob_bytes: _Optional[int] = ..., blobs: _Optional[int] = ..., pinned: _Optional[int] = ..., quarantined: _Optional[int] = ..., groups: _Optional[_Iterable[_Union[GroupStats, _Mapping]]] = ..., requests: _Optional[int] = ..., hits: _Optional[int] = ..., misses: _Optional[int] = ..., compiles: _Optional[int] = ..., compile_failures: _Optional[int] = ..., queues: _Optional[_Iterable[_Union[QueueStats, _Mapping]]] = ..., toolchain: _Optional[_Union[_record_pb2.Toolchain, _Mapping]] = ..., devices: _Optional[_Iterable[str]] = ..., compile_only: bool = ...) -> None: ...
+    def __init__(self, entries: _Optional[int] = ..., blob_bytes: _Optional[int] = ..., blobs: _Optional[int] = ..., pinned: _Optional[int] = ..., quarantined: _Optional[int] = ..., groups: _Optional[_Iterable[_Union[GroupStats, _Mapping]]] = ..., requests: _Optional[int] = ..., hits: _Optional[int] = ..., misses: _Optional[int] = ..., compiles: _Optional[int] = ..., compile_failures: _Optional[int] = ..., queues: _Optional[_Iterable[_Union[QueueStats, _Mapping]]] = ..., toolchain: _Optional[_Union[_record_pb2.Toolchain, _Mapping]] = ..., devices: _Optional[_Iterable[str]] = ..., compile_only: bool = ..., raw_toolchain: _Optional[_Union[_record_pb2.Toolchain, _Mapping]] = ...) -> None: ...
 
 class VerifyRequest(_message.Message):
     __slots__ = []
