@@ -70,6 +70,14 @@ suite triton_raw 180 python3 tests/python/triton_raw_gpu.py --kcached dist/kcach
 suite python_flex_gpu 420 env PYTHONPATH="$PWD/client/python" \
   KCACHE_TEST_KCACHED="$PWD/dist/kcached" python3 -m pytest -q -rs -p no:cacheprovider \
   tests/python/gpu_flex.py
+# Issue #22: Triton 3.6 kernels (elementwise, a 96 KiB tl.dot, a cluster kernel) through
+# from_triton and raw_kernel, bit-identical to Triton's own launch.
+suite python_gpu_triton 240 python3 tests/python/gpu_triton.py --kcached dist/kcached \
+  --pythonpath-gen .devcarry/pygen
+# Issue #15's measurements (first call, drafter mask_mod vs built-in, mask cost).
+if [[ -n ${BENCH:-} || -n ${FLEX_BENCH:-} ]]; then
+  suite flex_bench 300 bench/flex/run.sh "$PWD/dist/kcached"
+fi
 if [[ -n ${BENCH:-} ]]; then
   suite attention_bench 300 python3 bench/attention/bench_attention.py --json "$LOGS/bench.json"
   suite attention_bench_backward 540 python3 bench/attention/bench_attention.py --backward \
