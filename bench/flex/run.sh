@@ -7,8 +7,9 @@
 #   - the drafter written as a SpecForge-style mask_mod against the built-in
 #     kcache.drafter, training shape (B2, 32/8 heads, D128, context 3072 +
 #     512 blocks of 16), forward + backward;
-#   - the per-step mask cost against torch's create_block_mask;
-#   - the toy drafter layer trained with kcache and with flex_attention.
+#   - the toy drafter layer trained with kcache and with flex_attention;
+#   - the per-step mask cost against torch's create_block_mask (last: torch's
+#     compiled builder can take minutes to compile).
 # usage: bench/flex/run.sh KCACHED
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -24,7 +25,7 @@ echo "--- first call (warming run)"; python3 $ex/flex_bench.py first
 echo "--- first call (measured: new process, warm daemon)"; python3 $ex/flex_bench.py first
 echo "--- drafter mask_mod vs built-in, training shape"
 python3 $ex/flex_bench.py drafter --batch 2 --context 3072 --blocks 512 --block-size 16 --iters 20
-echo "--- per-step mask cost"
-python3 $ex/mask_record_bench.py --context 3072 --blocks 512
 echo "--- toy drafter training"
 python3 $ex/train_drafter_toy.py
+echo "--- per-step mask cost"
+python3 $ex/mask_record_bench.py --context 3072 --blocks 512
