@@ -346,3 +346,23 @@ def test_launch_arguments_pass_the_launchers_validation(name, mm, sm, L, KV):
     plan = validate_inputs(spec, _AsCuda(q), _AsCuda(k), _AsCuda(v), out=_AsCuda(o),
                            buffers=bufs or None, **inputs)
     assert plan.num_kv_heads == 2 and plan.q_len == L and plan.kv_len == KV
+
+
+def test_eager_first_call_does_not_import_dynamo():
+    # A torch.library operator imports torch._dynamo on its first call (~3 s of a new
+    # process's first attention on the H200); outside torch.compile flex_attention runs
+    # the same implementation through an autograd.Function instead.
+    import os
+    import subprocess
+    import sys
+    code = (
+        "import sys, torch, kcache\n"
+        "q = torch.randn(1, 2, 64, 64, dtype=torch.bfloat16, requires_grad=True)\n"
+        "bm = kcache.create_block_mask(lambda b, h, qi, ki: qi >= ki, 1, None, 64, 64, "
+        "device='cpu')\n"
+        "o = kcache.flex_attention(q, q.detach(), q.detach(), block_mask=bm)\n"
+        "print('dynamo' if 'torch._dynamo' in sys.modules else 'no dynamo')\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env=dict(os.environ), timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().endswith("no dynamo"), out.stdout + out.stderr

@@ -84,7 +84,9 @@ def drafter(args):
     spec = dict(mask=kcache.drafter(bs))
 
     def builtin_step():
-        anchors = torch.randint(1, S, (B, N), device=dev)
+        # The built-in drafter reads int32 anchors; the mask_mod above takes a
+        # trainer's int64 ones (kcache converts them at launch, inside the timing).
+        anchors = torch.randint(1, S, (B, N), device=dev, dtype=torch.int32)
         kcache.attention(q, k, v, spec, anchors=anchors, keep=keep).backward(gout)
 
     res = {}

@@ -305,7 +305,7 @@ def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
     del kernel_options
     spec, names, tensors = launch_args(query, key, value, score_mod, block_mask, scale,
                                        enable_gqa)
-    out, lse = ops.flex_fwd(query, key, value, spec, ",".join(names), tensors)
+    out, lse = ops.flex(query, key, value, spec, ",".join(names), tensors)
     return (out, lse) if return_lse else out
 
 

@@ -49,9 +49,8 @@ def _trainable(spec):
     return [d.name for d in spec.buffers if d.trainable]
 
 
-@torch.library.custom_op("kcache::flex_fwd", mutates_args=())
-def flex_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: str, names: str,
-             bufs: List[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
+def _forward(q, k, v, spec, names, bufs):
+    """flex_fwd's implementation: the same for the operator and the eager path."""
     s = _spec(spec)
     buffers, inputs = _split(names, bufs)
     if q.device.type != "cuda":
@@ -62,6 +61,12 @@ def flex_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: str, names
     return attention_forward(q, k, v, s, lse=True, buffers=buffers or None, **inputs)
 
 
+@torch.library.custom_op("kcache::flex_fwd", mutates_args=())
+def flex_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: str, names: str,
+             bufs: List[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
+    return _forward(q, k, v, spec, names, bufs)
+
+
 @flex_fwd.register_fake
 def _(q, k, v, spec, names, bufs):
     B, H, L, _ = q.shape
@@ -69,10 +74,8 @@ def _(q, k, v, spec, names, bufs):
     return out, q.new_empty(B, H, L, dtype=torch.float32)
 
 
-@torch.library.custom_op("kcache::flex_bwd", mutates_args=())
-def flex_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
-             lse: torch.Tensor, dout: torch.Tensor, spec: str, names: str,
-             bufs: List[torch.Tensor]) -> List[torch.Tensor]:
+def _backward_impl(q, k, v, out, lse, dout, spec, names, bufs):
+    """flex_bwd's implementation: the same for the operator and the eager path."""
     s = _spec(spec)
     buffers, inputs = _split(names, bufs)
     train = _trainable(s)
@@ -86,6 +89,13 @@ def flex_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tenso
     dq, dk, dv, bg = attention_backward(s, q, k, v, out, lse, dout, buffers=buffers or None,
                                         **inputs)
     return [dq, dk, dv] + [bg[n] for n in train]
+
+
+@torch.library.custom_op("kcache::flex_bwd", mutates_args=())
+def flex_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+             lse: torch.Tensor, dout: torch.Tensor, spec: str, names: str,
+             bufs: List[torch.Tensor]) -> List[torch.Tensor]:
+    return _backward_impl(q, k, v, out, lse, dout, spec, names, bufs)
 
 
 def _reference_backward(s, q, k, v, dout, buffers, inputs, train):
@@ -118,14 +128,47 @@ def _setup_context(ctx, inputs, output):
     ctx.save_for_backward(q, k, v, out, lse, *bufs)
 
 
+def _buffer_grads(spec, names, rest):
+    """The trainable buffers' gradients in the order of `names` (None for the others)."""
+    by_name = dict(zip(_trainable(_spec(spec)), rest))
+    return [by_name.get(n) for n in (names.split(",") if names else [])]
+
+
 def _backward(ctx, dout, dlse):
     q, k, v, out, lse, *bufs = ctx.saved_tensors
     # dlse: flex's lse is returned for inspection; its gradient is not propagated.
     grads = flex_bwd(q, k, v, out, lse, dout.contiguous(), ctx.spec, ctx.names, bufs)
-    dq, dk, dv, rest = grads[0], grads[1], grads[2], grads[3:]
-    by_name = dict(zip(_trainable(_spec(ctx.spec)), rest))
-    bgrads = [by_name.get(n) for n in (ctx.names.split(",") if ctx.names else [])]
-    return dq, dk, dv, None, None, bgrads
+    return grads[0], grads[1], grads[2], None, None, _buffer_grads(ctx.spec, ctx.names,
+                                                                  grads[3:])
 
 
 flex_fwd.register_autograd(_backward, setup_context=_setup_context)
+
+
+class _Eager(torch.autograd.Function):
+    """The same forward and backward outside torch.compile. Calling a torch.library
+    operator imports torch._dynamo on its first call (torch wraps the implementation in
+    a dynamo guard), about 3 s of a new process's first attention; eager callers skip it."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, spec, names, *bufs):
+        out, lse = _forward(q, k, v, spec, names, list(bufs))
+        ctx.spec, ctx.names = spec, names
+        ctx.save_for_backward(q, k, v, out, lse, *bufs)
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        q, k, v, out, lse, *bufs = ctx.saved_tensors
+        grads = _backward_impl(q, k, v, out, lse, dout.contiguous(), ctx.spec, ctx.names, bufs)
+        return (grads[0], grads[1], grads[2], None, None,
+                *_buffer_grads(ctx.spec, ctx.names, grads[3:]))
+
+
+def flex(q, k, v, spec, names, bufs):
+    """(out, lse): the custom operator while torch.compile traces, the eager Function
+    otherwise (same implementation, same results)."""
+    if torch.compiler.is_compiling():
+        return flex_fwd(q, k, v, spec, names, bufs)
+    return _Eager.apply(q, k, v, spec, names, *bufs)
