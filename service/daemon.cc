@@ -187,7 +187,7 @@ absl::Status PrepareSocketPath(const std::string& path) {
 absl::StatusOr<std::unique_ptr<grpc::Server>> ListenOnUnixSocket(grpc::ServerBuilder& builder,
                                                                  const std::string& path) {
   const fs::path final_path = fs::absolute(path);
-  std::string dir = (final_path.parent_path() / ".kcached-bind-XXXXXX").string();
+  std::string dir = (final_path.parent_path() / ".kcached-XXXXXX").string();
   if (mkdtemp(dir.data()) == nullptr) {
     return absl::UnavailableError(absl::StrCat("socket_path: cannot create a directory beside ",
                                                final_path.string(), ": ", std::strerror(errno)));

@@ -3,9 +3,11 @@
 // UTF-8, a Prefetch built to amplify memory, unknown fields outside the
 // spec, a --socket_path that names some other file, the socket's mode while
 // it is created, configuration errors' exit status, and the admin token over
-// plaintext TCP. Each test failed against the daemon before its fix.
+// plaintext TCP, a compile worker killed while idle. Each test failed
+// against the daemon before its fix.
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
+#include <signal.h>
 #include <sys/inotify.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -15,6 +17,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -301,7 +304,7 @@ TEST(HostileE2E, SocketAppearsUnderItsNameWithMode0660Only) {
   EXPECT_EQ(st.st_mode & 07777, 0660u);
   // No leftovers of the private directory it was bound in.
   for (const auto& e : std::filesystem::directory_iterator(dir.path())) {
-    EXPECT_THAT(e.path().filename().string(), ::testing::Not(HasSubstr(".kcached-bind")));
+    EXPECT_THAT(e.path().filename().string(), ::testing::Not(HasSubstr(".kcached-")));
   }
 }
 
@@ -363,6 +366,48 @@ TEST(HostileE2E, RawKernelWithTheTokenIsRefusedOverPlaintextTcp) {
   // as PTX, or compiled: anything but a permission error).
   grpc::Status local = call(Unix(d));
   EXPECT_NE(local.error_code(), grpc::StatusCode::PERMISSION_DENIED) << local.error_message();
+}
+
+// --- item 8: a compile worker that died while idle -----------------------------
+
+// The processes whose parent is `pid`.
+std::vector<pid_t> ChildrenOf(pid_t pid) {
+  std::vector<pid_t> out;
+  for (const auto& e : std::filesystem::directory_iterator("/proc")) {
+    const std::string name = e.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream in(e.path() / "stat");
+    std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const size_t close = stat.rfind(')');  // comm may hold spaces
+    if (close == std::string::npos) continue;
+    std::vector<std::string> f = absl::StrSplit(stat.substr(close + 2), ' ');
+    if (f.size() > 1 && std::atoi(f[1].c_str()) == pid) out.push_back(std::stoi(name));
+  }
+  return out;
+}
+
+TEST(HostileE2E, CompileWorkerKilledWhileIdleDoesNotFailTheNextCompile) {
+  TempDir dir;
+  DaemonProcess d(dir.path());
+  ASSERT_NO_FATAL_FAILURE(d.Start());
+  auto stub = v1::KernelService::NewStub(Unix(d));
+  auto fetch = [&](int i) {
+    v1::GetKernelRequest req;
+    *req.mutable_spec() = DistinctSpec(i);
+    req.mutable_target()->set_arch("sm_80");
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Minutes(2)));
+    v1::GetKernelResponse resp;
+    return stub->GetKernel(&ctx, req, &resp);
+  };
+  grpc::Status first = fetch(0);
+  ASSERT_TRUE(first.ok()) << first.error_message();
+  const std::vector<pid_t> workers = ChildrenOf(d.pid());
+  ASSERT_FALSE(workers.empty());
+  for (pid_t w : workers) kill(w, SIGKILL);  // the OOM killer, say
+  grpc::Status next = fetch(1);  // another kernel: needs a compile
+  EXPECT_TRUE(next.ok()) << next.error_code() << " " << next.error_message();
+  EXPECT_EQ(d.Stats().compile_failures(), 0u);
 }
 
 }  // namespace
