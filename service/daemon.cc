@@ -21,13 +21,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "cache/key.h"
-#include "google/protobuf/stubs/logging.h"
 #include "cache/store.h"
 #include "compiler/cuda_driver.h"
 #include "compiler/nvrtc.h"
 #include "compiler/scheduler.h"
 #include "compiler/toolchain.h"
 #include "compiler/worker_pool.h"
+#include "google/protobuf/stubs/logging.h"
 #include "service/config.h"
 #include "service/grpc_services.h"
 #include "service/grpc_status.h"
@@ -111,7 +111,7 @@ void RateLimitedProtobufLog(google::protobuf::LogLevel level, const char* file, 
     window_start = now;
     if (dropped > 0) {
       std::cerr << "kcached: protobuf: " << dropped
-                << " similar messages dropped in the last minute\n";
+                << " further protobuf log lines dropped in the last minute\n";
       dropped = 0;
     }
   }
@@ -130,7 +130,7 @@ const char* FileKind(mode_t mode) {
   if (S_ISLNK(mode)) return "a symbolic link";
   if (S_ISFIFO(mode)) return "a FIFO";
   if (S_ISCHR(mode) || S_ISBLK(mode)) return "a device";
-  return "not a socket";
+  return "a file of an unknown kind";
 }
 
 // A socket left by a daemon that died is removed; anything else at the path
