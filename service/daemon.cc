@@ -394,7 +394,19 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const v1::DaemonConfig& co
       creds = grpc::SslServerCredentials(ssl);
     }
     b.AddListeningPort(c.tcp_address(), creds, &d->tcp_port);
-    b.SetMaxReceiveMessageSize(static_cast<int>(c.max_message_bytes()));
+    // Plaintext TCP is unauthenticated and serves neither raw kernels nor
+    // admin calls: no request there needs more than a spec's bytes, and a
+    // Prefetch of specs fits in 8 MiB. Its receive limit bounds what any
+    // caller can make gRPC buffer per call before kcached sees a byte.
+    RequestLimits tcp_limits = limits;
+    uint64_t tcp_max_receive = c.max_message_bytes();
+    if (!tls) {
+      tcp_limits.max_request_bytes =
+          std::min<uint64_t>(limits.max_request_bytes, max_spec + kEnvelopeBytes);
+      tcp_max_receive = std::min<uint64_t>(
+          c.max_message_bytes(), std::max<uint64_t>(tcp_limits.max_request_bytes, 8u << 20));
+    }
+    b.SetMaxReceiveMessageSize(static_cast<int>(tcp_max_receive));
     b.SetMaxSendMessageSize(static_cast<int>(c.max_message_bytes()));
     b.experimental().SetInterceptorCreators(MalformedRequestInterceptors());
     // The admin token (which raw kernels need) counts only where admin
@@ -403,7 +415,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const v1::DaemonConfig& co
     tcp_raw.token_accepted_here = tls;
     d->kernel_service_tcp = std::make_unique<KernelServiceImpl>(
         d->backend.get(), &d->state, max_spec, absl::Milliseconds(c.default_deadline_ms()),
-        tcp_raw, limits);
+        tcp_raw, tcp_limits);
     b.RegisterService(d->kernel_service_tcp.get());
     // Admin over TCP only with TLS and a token; otherwise the Unix socket
     // (and its file mode) is the only way in.

@@ -204,6 +204,39 @@ TEST(HostileE2E, MaxPrefetchRequestsIsAFlag) {
   EXPECT_EQ(resp.results(0).state(), v1::PrefetchResult::STATE_REJECTED);
 }
 
+// Plaintext TCP (no token, no raw kernels, no admin) receives at most 8 MiB
+// a message, whatever --max_message_bytes allows the trusted listeners.
+TEST(HostileE2E, PlaintextTcpReceivesAtMost8MiBAMessage) {
+  TempDir dir;
+  DaemonProcess d(dir.path(), {"--tcp_address=127.0.0.1:0"});
+  ASSERT_NO_FATAL_FAILURE(d.Start());
+  const int port = TcpPort(d);
+  ASSERT_GT(port, 0);
+  // spec { buffers { name: <9 MiB> } } target { arch: "sm_80" }: one
+  // field, many bytes (a GetKernelRequest in protobuf's wire format).
+  auto field = [](char tag, const std::string& payload) {
+    std::string out(1, tag);
+    for (uint64_t n = payload.size();; n >>= 7) {
+      if (n < 0x80) {
+        out.push_back(static_cast<char>(n));
+        break;
+      }
+      out.push_back(static_cast<char>((n & 0x7f) | 0x80));
+    }
+    return out + payload;
+  };
+  const std::string req = field('\x0a', field('\x4a', field('\x0a', std::string(9u << 20, 'a')))) +
+                          field('\x12', field('\x0a', "sm_80"));
+  auto tcp = grpc::CreateChannel(absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials());
+  RawResult r = CallRaw(tcp, "/kcache.v1.KernelService/GetKernel", req);
+  EXPECT_EQ(r.status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << r.status.error_message();
+  // The Unix socket's limit is --max_message_bytes (64 MiB): the same bytes
+  // reach kcached, which refuses them by its per-request limit.
+  r = CallRaw(Unix(d), "/kcache.v1.KernelService/GetKernel", req);
+  EXPECT_EQ(r.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << r.status.error_message();
+  EXPECT_THAT(r.status.error_message(), HasSubstr("bytes per GetKernelRequest"));
+}
+
 // --- item 10: unknown fields outside the spec ---------------------------------
 
 TEST(HostileE2E, UnknownFieldsAtTheTopLevelAndInTargetAreRefusedNamingThem) {
