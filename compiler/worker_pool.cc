@@ -251,17 +251,16 @@ absl::StatusOr<CompileOutput> WorkerPool::Compile(const CompileInput& input, abs
     }
     release_slot();
     if (!first_death.empty() && !a.result.ok()) {
-      return absl::Status(a.result.status().code(),
-                          absl::StrCat(a.result.status().message(),
-                                       "\n(retried once on a fresh compile worker; the first ",
-                                       first_death, ")"));
+      return absl::Status(
+          a.result.status().code(),
+          absl::StrCat(a.result.status().message(),
+                       "\n(retried once on a fresh compile worker; the first ", first_death, ")"));
     }
     return std::move(a.result);
   }
 }
 
-WorkerPool::Attempt WorkerPool::RunOnce(Worker& w, const CompileInput& input,
-                                        absl::Time deadline) {
+WorkerPool::Attempt WorkerPool::RunOnce(Worker& w, const CompileInput& input, absl::Time deadline) {
   // Each request's output starts empty, so the tail on failure is its own.
   if (ftruncate(w.stderr_fd, 0) != 0) {
     // Harmless: the tail may then include an earlier request's output.
@@ -293,8 +292,7 @@ WorkerPool::Attempt WorkerPool::RunOnce(Worker& w, const CompileInput& input,
                 "compile did not finish by its deadline; compile worker ", pid, " killed", tail))};
   }
   if (peer_gone) return {Attempt::kDied, absl::InternalError(absl::StrCat(how, tail))};
-  return {Attempt::kFailed,
-          absl::InternalError(absl::StrCat(io.message(), " (", how, ")", tail))};
+  return {Attempt::kFailed, absl::InternalError(absl::StrCat(io.message(), " (", how, ")", tail))};
 }
 
 }  // namespace kcache

@@ -168,14 +168,13 @@ absl::Status PrepareSocketPath(const std::string& path) {
   }
   if (connect_errno != ECONNREFUSED) {
     // Not provably stale (e.g. no permission to connect): leave it.
-    return absl::FailedPreconditionError(absl::StrCat(
-        "socket_path: ", path, " is a socket that cannot be probed (", std::strerror(connect_errno),
-        "); not removing it"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("socket_path: ", path, " is a socket that cannot be probed (",
+                     std::strerror(connect_errno), "); not removing it"));
   }
   if (unlink(path.c_str()) != 0 && errno != ENOENT) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("socket_path: cannot remove the stale socket ", path, ": ",
-                     std::strerror(errno)));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "socket_path: cannot remove the stale socket ", path, ": ", std::strerror(errno)));
   }
   return absl::OkStatus();
 }
@@ -206,15 +205,15 @@ absl::StatusOr<std::unique_ptr<grpc::Server>> ListenOnUnixSocket(grpc::ServerBui
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr) {
     cleanup();
-    return absl::UnavailableError(absl::StrCat("socket_path: cannot listen on ", final_path.string()));
+    return absl::UnavailableError(
+        absl::StrCat("socket_path: cannot listen on ", final_path.string()));
   }
   if (chmod(temp.c_str(), 0660) != 0 || rename(temp.c_str(), final_path.c_str()) != 0) {
     const int err = errno;
     server->Shutdown();
     cleanup();
-    return absl::InternalError(
-        absl::StrCat("socket_path: cannot put the socket in place at ", final_path.string(), ": ",
-                     std::strerror(err)));
+    return absl::InternalError(absl::StrCat("socket_path: cannot put the socket in place at ",
+                                            final_path.string(), ": ", std::strerror(err)));
   }
   rmdir(dir.c_str());
   return server;
@@ -414,8 +413,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const v1::DaemonConfig& co
     RawKernelPolicy tcp_raw = raw_policy;
     tcp_raw.token_accepted_here = tls;
     d->kernel_service_tcp = std::make_unique<KernelServiceImpl>(
-        d->backend.get(), &d->state, max_spec, absl::Milliseconds(c.default_deadline_ms()),
-        tcp_raw, tcp_limits);
+        d->backend.get(), &d->state, max_spec, absl::Milliseconds(c.default_deadline_ms()), tcp_raw,
+        tcp_limits);
     b.RegisterService(d->kernel_service_tcp.get());
     // Admin over TCP only with TLS and a token; otherwise the Unix socket
     // (and its file mode) is the only way in.

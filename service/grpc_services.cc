@@ -75,7 +75,8 @@ std::string Flatten(const grpc::ByteBuffer& b) {
   std::string out;
   if (!b.Dump(&slices).ok()) return out;
   out.reserve(b.Length());
-  for (const grpc::Slice& s : slices) out.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  for (const grpc::Slice& s : slices)
+    out.append(reinterpret_cast<const char*>(s.begin()), s.size());
   return out;
 }
 
@@ -102,8 +103,8 @@ bool BearerTokenMatches(std::string_view authorization, std::string_view token) 
   unsigned char diff = authorization.size() == expected ? 0 : 1;
   for (size_t i = 0; i < authorization.size(); ++i) {
     const char want = i < kBearer.size() ? kBearer[i]
-                      : i < expected      ? token[i - kBearer.size()]
-                                          : token[(i - kBearer.size()) % token.size()];
+                      : i < expected     ? token[i - kBearer.size()]
+                                         : token[(i - kBearer.size()) % token.size()];
     diff |= static_cast<unsigned char>(authorization[i] ^ want);
   }
   // Keep the compiler from turning the loop into an early-exit compare.
@@ -134,8 +135,9 @@ absl::Status KernelServiceImpl::AdmitRaw(grpc::ServerContextBase* ctx,
   }
   if (!raw_.token_accepted_here) {
     return absl::PermissionDeniedError(absl::StrCat(
-        field, ": raw kernels are accepted only where admin calls are (the Unix socket, or TCP "
-               "with TLS); the admin token is not accepted over plaintext TCP"));
+        field,
+        ": raw kernels are accepted only where admin calls are (the Unix socket, or TCP "
+        "with TLS); the admin token is not accepted over plaintext TCP"));
   }
   // ServerContextBase has no client_metadata(); both context kinds do.
   const std::multimap<grpc::string_ref, grpc::string_ref>* md = nullptr;
@@ -144,9 +146,9 @@ absl::Status KernelServiceImpl::AdmitRaw(grpc::ServerContextBase* ctx,
   bool authorized = false;
   if (md != nullptr) {
     auto it = md->find("authorization");
-    authorized = it != md->end() &&
-                 BearerTokenMatches(std::string_view(it->second.data(), it->second.size()),
-                                    raw_.token);
+    authorized =
+        it != md->end() &&
+        BearerTokenMatches(std::string_view(it->second.data(), it->second.size()), raw_.token);
   }
   if (!authorized) {
     return absl::PermissionDeniedError(absl::StrCat(
@@ -307,8 +309,7 @@ class KernelServiceImpl::WaitingCall final : public grpc::ServerUnaryReactor {
 // OnWriteDone run, inside StartWrite), and neither StartWrite nor Finish is
 // followed by a touch of this object: OnDone may delete it as soon as the
 // last one is called.
-class KernelServiceImpl::StreamingCall final
-    : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
+class KernelServiceImpl::StreamingCall final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
   StreamingCall(grpc::CallbackServerContext* ctx, std::shared_ptr<Waiting> waiting)
       : ctx_(ctx), wait_(std::move(waiting)) {}
@@ -427,7 +428,7 @@ class KernelServiceImpl::StreamingCall final
   grpc::CallbackServerContext* const ctx_;
   TicketWait wait_;
   absl::Mutex mu_;
-  std::deque<grpc::ByteBuffer> queue_ ABSL_GUARDED_BY(mu_);  // serialized, not yet written
+  std::deque<grpc::ByteBuffer> queue_ ABSL_GUARDED_BY(mu_);    // serialized, not yet written
   std::optional<grpc::Status> status_ ABSL_GUARDED_BY(mu_);    // the outcome, once known
   bool writing_ ABSL_GUARDED_BY(mu_) = false;   // a StartWrite awaits its OnWriteDone
   bool finished_ ABSL_GUARDED_BY(mu_) = false;  // Finish was called
@@ -498,9 +499,9 @@ absl::StatusOr<v1::GetKernelRequest> KernelServiceImpl::ParseRequest(
     const grpc::ByteBuffer& request) const {
   // Refused before its bytes are copied, let alone parsed.
   if (request.Length() > limits_.max_request_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "request: ", request.Length(), " bytes, over this daemon's limit of ",
-        limits_.max_request_bytes, " bytes per GetKernelRequest"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("request: ", request.Length(), " bytes, over this daemon's limit of ",
+                     limits_.max_request_bytes, " bytes per GetKernelRequest"));
   }
   return ParseGetKernelRequest(Flatten(request), limits_);
 }
@@ -547,7 +548,8 @@ grpc::ServerUnaryReactor* KernelServiceImpl::Prefetch(grpc::CallbackServerContex
             "requests[", i, "].spec: over the size limit of ", max_spec_bytes_, " bytes"));
       }
       if (req->requests(i).has_raw()) {
-        if (absl::Status st = AdmitRaw(ctx, req->requests(i), absl::StrCat("requests[", i, "].raw"));
+        if (absl::Status st =
+                AdmitRaw(ctx, req->requests(i), absl::StrCat("requests[", i, "].raw"));
             !st.ok()) {
           return st;
         }

@@ -23,8 +23,8 @@ enum class Scan { kOk, kOverBudget, kMalformed };
 // Counts into *fields the fields of the message of type `d` (null: unknown,
 // counted but not entered) that lies between the stream's position and its
 // current limit, stopping once *fields passes `budget`.
-Scan CountFields(pb::io::CodedInputStream& in, const pb::Descriptor* d, int depth,
-                 uint64_t* fields, uint64_t budget) {
+Scan CountFields(pb::io::CodedInputStream& in, const pb::Descriptor* d, int depth, uint64_t* fields,
+                 uint64_t budget) {
   for (;;) {
     const uint32_t tag = in.ReadTag();
     if (tag == 0) {
@@ -86,9 +86,9 @@ struct Reader {
 };
 
 absl::Status Unknown(const std::string& where, const pb::UnknownFieldSet& unknown) {
-  return absl::InvalidArgumentError(absl::StrCat(
-      where, ": unknown field number ", unknown.field(0).number(),
-      " (a newer client? this daemon does not know it)"));
+  return absl::InvalidArgumentError(
+      absl::StrCat(where, ": unknown field number ", unknown.field(0).number(),
+                   " (a newer client? this daemon does not know it)"));
 }
 
 absl::Status NotValid(const pb::Descriptor* d) {
@@ -101,16 +101,15 @@ absl::Status NotValid(const pb::Descriptor* d) {
 
 absl::Status CheckGetKernelRequestBudget(absl::string_view bytes, const RequestLimits& limits) {
   if (bytes.size() > limits.max_request_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "request: ", bytes.size(), " bytes, over this daemon's limit of ",
-        limits.max_request_bytes, " bytes per GetKernelRequest"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("request: ", bytes.size(), " bytes, over this daemon's limit of ",
+                     limits.max_request_bytes, " bytes per GetKernelRequest"));
   }
   Reader r(bytes);
   uint64_t fields = 0;
   if (CountFields(r.in, v1::GetKernelRequest::descriptor(), 0, &fields,
                   limits.max_request_fields) == Scan::kOverBudget) {
-    return absl::InvalidArgumentError(absl::StrCat("request: more than ",
-                                                   limits.max_request_fields,
+    return absl::InvalidArgumentError(absl::StrCat("request: more than ", limits.max_request_fields,
                                                    " fields, over this daemon's limit per "
                                                    "GetKernelRequest"));
   }
@@ -144,14 +143,14 @@ absl::Status CheckPrefetchRequestBudget(absl::string_view bytes, const RequestLi
       return absl::OkStatus();  // malformed
     }
     if (len > limits.max_request_bytes) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "requests[", i, "]: ", len, " bytes, over this daemon's limit of ",
-          limits.max_request_bytes, " bytes per GetKernelRequest"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("requests[", i, "]: ", len, " bytes, over this daemon's limit of ",
+                       limits.max_request_bytes, " bytes per GetKernelRequest"));
     }
     const pb::io::CodedInputStream::Limit limit = in.PushLimit(static_cast<int>(len));
     uint64_t fields = 0;
-    const Scan s = CountFields(in, v1::GetKernelRequest::descriptor(), 1, &fields,
-                               limits.max_request_fields);
+    const Scan s =
+        CountFields(in, v1::GetKernelRequest::descriptor(), 1, &fields, limits.max_request_fields);
     if (s == Scan::kOverBudget) {
       return absl::InvalidArgumentError(absl::StrCat("requests[", i, "]: more than ",
                                                      limits.max_request_fields,
@@ -177,7 +176,8 @@ absl::Status CheckNoUnknownRequestFields(const v1::GetKernelRequest& request,
                    r->GetUnknownFields(request));
   }
   if (request.has_target()) {
-    const pb::UnknownFieldSet& u = request.target().GetReflection()->GetUnknownFields(request.target());
+    const pb::UnknownFieldSet& u =
+        request.target().GetReflection()->GetUnknownFields(request.target());
     if (!u.empty()) return Unknown(absl::StrCat(path, "target"), u);
   }
   if (request.has_raw()) {
@@ -209,7 +209,8 @@ absl::StatusOr<v1::PrefetchRequest> ParsePrefetchRequest(absl::string_view bytes
     return Unknown("request", req.GetReflection()->GetUnknownFields(req));
   }
   for (int i = 0; i < req.requests_size(); ++i) {
-    if (absl::Status s = CheckNoUnknownRequestFields(req.requests(i), absl::StrCat("requests[", i, "]."));
+    if (absl::Status s =
+            CheckNoUnknownRequestFields(req.requests(i), absl::StrCat("requests[", i, "]."));
         !s.ok()) {
       return s;
     }

@@ -11,7 +11,6 @@
 #include <memory>
 
 #include "absl/strings/string_view.h"
-
 #include "compiler/toolchain.h"
 #include "google/protobuf/stubs/logging.h"
 #include "kcache/v1/daemon_config.pb.h"

@@ -102,8 +102,8 @@ uint64_t PeakRss(pid_t pid) {
 // status (or -1), its output in `*log`.
 int RunKcached(const TempDir& dir, const std::vector<std::string>& args, std::string* log) {
   const char* env = std::getenv("KCACHE_TEST_KCACHED");  // as KcachedProcess
-  std::string cmd = absl::StrCat(env != nullptr ? env : KCACHE_TEST_KCACHED_PATH,
-                                 " --compile_only=true");
+  std::string cmd =
+      absl::StrCat(env != nullptr ? env : KCACHE_TEST_KCACHED_PATH, " --compile_only=true");
   for (const std::string& a : args) absl::StrAppend(&cmd, " '", a, "'");
   const std::string out = dir.Sub("run.log");
   absl::StrAppend(&cmd, " >", out, " 2>&1 </dev/null");
@@ -227,9 +227,11 @@ TEST(HostileE2E, PlaintextTcpReceivesAtMost8MiBAMessage) {
   };
   const std::string req = field('\x0a', field('\x4a', field('\x0a', std::string(9u << 20, 'a')))) +
                           field('\x12', field('\x0a', "sm_80"));
-  auto tcp = grpc::CreateChannel(absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials());
+  auto tcp =
+      grpc::CreateChannel(absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials());
   RawResult r = CallRaw(tcp, "/kcache.v1.KernelService/GetKernel", req);
-  EXPECT_EQ(r.status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << r.status.error_message();
+  EXPECT_EQ(r.status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
+      << r.status.error_message();
   // The Unix socket's limit is --max_message_bytes (64 MiB): the same bytes
   // reach kcached, which refuses them by its per-request limit.
   r = CallRaw(Unix(d), "/kcache.v1.KernelService/GetKernel", req);
@@ -249,11 +251,12 @@ TEST(HostileE2E, UnknownFieldsAtTheTopLevelAndInTargetAreRefusedNamingThem) {
   top.mutable_target()->set_arch("sm_80");
   v1::GetKernelRequest target = top;
   top.GetReflection()->MutableUnknownFields(&top)->AddVarint(99, 1);
-  target.mutable_target()->GetReflection()->MutableUnknownFields(target.mutable_target())
+  target.mutable_target()
+      ->GetReflection()
+      ->MutableUnknownFields(target.mutable_target())
       ->AddVarint(9, 1);
-  for (const auto& [req, expected] :
-       {std::pair{top, "request: unknown field number 99"},
-        std::pair{target, "target: unknown field number 9"}}) {
+  for (const auto& [req, expected] : {std::pair{top, "request: unknown field number 99"},
+                                      std::pair{target, "target: unknown field number 9"}}) {
     grpc::ClientContext ctx;
     v1::GetKernelResponse resp;
     grpc::Status st = stub->GetKernel(&ctx, req, &resp);
@@ -275,8 +278,8 @@ TEST(HostileE2E, SocketPathNamingAnotherFileIsRefusedAndTheFileKept) {
   std::filesystem::create_symlink(file, dir.Sub("link"));
   for (const std::string& path : {file, dir.Sub("empty-dir"), dir.Sub("link")}) {
     std::string log;
-    const int rc = RunKcached(dir, {"--store_path=" + dir.Sub("store"), "--socket_path=" + path},
-                              &log);
+    const int rc =
+        RunKcached(dir, {"--store_path=" + dir.Sub("store"), "--socket_path=" + path}, &log);
     EXPECT_EQ(rc, 2) << path << ": " << log;
     EXPECT_THAT(log, HasSubstr("not a socket")) << path;
     EXPECT_TRUE(std::filesystem::exists(std::filesystem::symlink_status(path))) << path;
@@ -391,8 +394,8 @@ TEST(HostileE2E, RawKernelWithTheTokenIsRefusedOverPlaintextTcp) {
     v1::GetKernelResponse resp;
     return stub->GetKernel(&ctx, req, &resp);
   };
-  grpc::Status tcp = call(grpc::CreateChannel(absl::StrCat("127.0.0.1:", port),
-                                              grpc::InsecureChannelCredentials()));
+  grpc::Status tcp = call(
+      grpc::CreateChannel(absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials()));
   EXPECT_EQ(tcp.error_code(), grpc::StatusCode::PERMISSION_DENIED) << tcp.error_message();
   EXPECT_THAT(tcp.error_message(), HasSubstr("plaintext TCP"));
   // On the Unix socket the same token is accepted (the PTX is then refused
@@ -438,7 +441,7 @@ TEST(HostileE2E, CompileWorkerKilledWhileIdleDoesNotFailTheNextCompile) {
   const std::vector<pid_t> workers = ChildrenOf(d.pid());
   ASSERT_FALSE(workers.empty());
   for (pid_t w : workers) kill(w, SIGKILL);  // the OOM killer, say
-  grpc::Status next = fetch(1);  // another kernel: needs a compile
+  grpc::Status next = fetch(1);              // another kernel: needs a compile
   EXPECT_TRUE(next.ok()) << next.error_code() << " " << next.error_message();
   EXPECT_EQ(d.Stats().compile_failures(), 0u);
 }

@@ -42,8 +42,8 @@ TEST(RequestParse, AValidRequestParsesToItself) {
 
 // Issue 17, item 7: gRPC's own parse answered INTERNAL with no message.
 TEST(RequestParse, MalformedBytesAreInvalidArgumentWithAMessage) {
-  for (const std::string& bytes :
-       {std::string("\xff\xff\xff"), std::string("\x0a\x05\x01", 3), std::string("\x12\x02\x0a\x05", 4)}) {
+  for (const std::string& bytes : {std::string("\xff\xff\xff"), std::string("\x0a\x05\x01", 3),
+                                   std::string("\x12\x02\x0a\x05", 4)}) {
     auto r = ParseGetKernelRequest(bytes, RequestLimits());
     EXPECT_THAT(r, StatusIs(absl::StatusCode::kInvalidArgument));
     EXPECT_THAT(Message(r.status()), HasSubstr("not a valid kcache.v1.GetKernelRequest"));
@@ -130,7 +130,9 @@ TEST(RequestParse, UnknownFieldsOutsideTheSpecAreRefusedNamingWhere) {
   EXPECT_THAT(Message(s.status()), HasSubstr("request: unknown field number 99"));
 
   v1::GetKernelRequest target = Valid();
-  target.mutable_target()->GetReflection()->MutableUnknownFields(target.mutable_target())
+  target.mutable_target()
+      ->GetReflection()
+      ->MutableUnknownFields(target.mutable_target())
       ->AddLengthDelimited(7, "x");
   s = ParseGetKernelRequest(target.SerializeAsString(), RequestLimits());
   EXPECT_THAT(Message(s.status()), HasSubstr("target: unknown field number 7"));
