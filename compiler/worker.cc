@@ -2,6 +2,7 @@
 #include "compiler/worker.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -212,9 +213,10 @@ int Serve(const ServeOptions& options) {
       return 1;
     }
     absl::Time deadline;
-    const CompileInput input = FromRequest(request, &deadline);
+    CompileInput input = FromRequest(request, &deadline);
     if (options.enable_test_faults) {
-      for (const std::string& o : input.extra_options) {
+      for (auto it = input.extra_options.begin(); it != input.extra_options.end();) {
+        const std::string& o = *it;
         if (o == "kcache-test-crash") {
           std::fprintf(stderr, "kcache-compile-worker: test fault: crashing\n");
           std::fflush(stderr);
@@ -225,6 +227,21 @@ int Serve(const ServeOptions& options) {
           std::fflush(stderr);
           for (;;) pause();
         }
+        if (absl::StartsWith(o, "kcache-test-crash-once=")) {
+          // The first worker to see it creates the marker file and crashes;
+          // any later one compiles normally (the option is dropped).
+          const std::string marker(absl::StripPrefix(o, "kcache-test-crash-once="));
+          const int fd = open(marker.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+          if (fd >= 0) {
+            close(fd);
+            std::fprintf(stderr, "kcache-compile-worker: test fault: crashing once\n");
+            std::fflush(stderr);
+            abort();
+          }
+          it = input.extra_options.erase(it);
+          continue;
+        }
+        ++it;
       }
     }
     // LLVM and nvJitLink have no cancellation: the pool kills this process

@@ -40,9 +40,11 @@ struct ServeOptions {
   // LLVM IR -> PTX for raw kernels; set by kcache-compile-worker's main when
   // built with LLVM. Null: LLVM IR requests answer Unimplemented.
   IrToPtxFn ir_to_ptx = nullptr;
-  // Tests only: honour the extra options "kcache-test-crash" (abort()) and
-  // "kcache-test-hang" (block forever). Off in production: then they reach
-  // NVRTC, which rejects them as unknown options.
+  // Tests only: honour the extra options "kcache-test-crash" (abort()),
+  // "kcache-test-hang" (block forever) and "kcache-test-crash-once=PATH"
+  // (abort() if PATH does not exist yet, creating it; otherwise compile
+  // without the option). Off in production: then they reach NVRTC, which
+  // rejects them as unknown options.
   bool enable_test_faults = false;
   // Tests only: raw kernels named "kcache_test_llvm_fatal" make LLVM abort
   // (IrToPtxOptions::enable_test_faults). Set by --enable-test-faults or by

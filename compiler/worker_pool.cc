@@ -5,6 +5,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <spawn.h>
 #include <string.h>
@@ -166,6 +167,33 @@ bool WorkerPool::WorkerAvailable() const {
   return !idle_.empty() || live_ < options_.max_workers;
 }
 
+int64_t WorkerPool::retried_compiles() const {
+  absl::MutexLock lock(&mu_);
+  return retried_;
+}
+
+std::vector<pid_t> WorkerPool::idle_worker_pids() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<pid_t> out;
+  for (const auto& w : idle_) out.push_back(w->pid);
+  return out;
+}
+
+namespace {
+
+// An idle worker sends nothing and keeps its socket open; a hang-up (it
+// died, or closed its end) or unsolicited bytes mean it cannot take a
+// request.
+bool IdleWorkerIsSound(int fd) {
+  pollfd p{fd, POLLIN | POLLRDHUP, 0};
+  int n;
+  while ((n = poll(&p, 1, 0)) < 0 && errno == EINTR) {
+  }
+  return n == 0;
+}
+
+}  // namespace
+
 absl::StatusOr<CompileOutput> WorkerPool::Compile(const CompileInput& input, absl::Time deadline) {
   std::unique_ptr<Worker> w;
   {
@@ -180,59 +208,91 @@ absl::StatusOr<CompileOutput> WorkerPool::Compile(const CompileInput& input, abs
       ++live_;  // reserve the slot; spawn without the lock
     }
   }
-  if (!w) {
-    absl::StatusOr<std::unique_ptr<Worker>> spawned = Spawn();
-    if (!spawned.ok()) {
-      absl::MutexLock lock(&mu_);
-      --live_;
-      return spawned.status();
-    }
-    w = *std::move(spawned);
+  // From here this call holds one slot of live_ until it returns the worker
+  // to idle_ or gives the slot back.
+  auto release_slot = [this] {
+    absl::MutexLock lock(&mu_);
+    --live_;
+  };
+  if (w != nullptr && !IdleWorkerIsSound(w->fd)) {
+    // It died (or broke) while idle: not this request's failure. Replace it
+    // in the same slot.
+    Reap(*w, /*kill_first=*/true);
+    w.reset();
   }
 
+  // A worker that dies under a compile (a crash, the OOM killer) is retried
+  // once on a fresh worker: the death may have nothing to do with this input
+  // (or this input may crash every worker: then it costs two). A compile
+  // that ran past its deadline, or that the worker answered (a compile
+  // error included), is not retried.
+  std::string first_death;
+  for (int attempt = 0;; ++attempt) {
+    if (w == nullptr) {
+      absl::StatusOr<std::unique_ptr<Worker>> spawned = Spawn();
+      if (!spawned.ok()) {
+        release_slot();
+        return spawned.status();
+      }
+      w = *std::move(spawned);
+    }
+    Attempt a = RunOnce(*w, input, deadline);
+    if (a.outcome == Attempt::kAnswered) {
+      absl::MutexLock lock(&mu_);
+      idle_.push_back(std::move(w));
+      return std::move(a.result);
+    }
+    w.reset();  // reaped by RunOnce
+    if (a.outcome == Attempt::kDied && attempt == 0 && absl::Now() < deadline) {
+      first_death = std::string(a.result.status().message());
+      absl::MutexLock lock(&mu_);
+      ++retried_;
+      continue;  // same slot, fresh worker
+    }
+    release_slot();
+    if (!first_death.empty() && !a.result.ok()) {
+      return absl::Status(
+          a.result.status().code(),
+          absl::StrCat(a.result.status().message(),
+                       "\n(retried once on a fresh compile worker; the first ", first_death, ")"));
+    }
+    return std::move(a.result);
+  }
+}
+
+WorkerPool::Attempt WorkerPool::RunOnce(Worker& w, const CompileInput& input, absl::Time deadline) {
   // Each request's output starts empty, so the tail on failure is its own.
-  if (ftruncate(w->stderr_fd, 0) != 0) {
+  if (ftruncate(w.stderr_fd, 0) != 0) {
     // Harmless: the tail may then include an earlier request's output.
   }
   std::string request;
   worker::ToRequest(input, deadline).SerializeToString(&request);
-  absl::Status io = worker::WriteFrame(w->fd, request, deadline);
+  absl::Status io = worker::WriteFrame(w.fd, request, deadline);
   absl::StatusOr<std::string> reply;
   if (io.ok()) {
-    reply = worker::ReadFrame(w->fd, deadline);
+    reply = worker::ReadFrame(w.fd, deadline);
     io = reply.status();
   }
   worker::CompileResponse response;
   if (io.ok() && !response.ParseFromString(*reply)) {
     io = absl::InternalError("compile worker sent an unparsable response");
   }
+  if (io.ok()) return {Attempt::kAnswered, worker::FromResponse(response)};
 
-  if (!io.ok()) {
-    // The worker is finished either way: killed at the deadline, dead
-    // already (end of stream), or not speaking the protocol.
-    const bool timed_out = absl::IsDeadlineExceeded(io);
-    const bool peer_gone = absl::IsNotFound(io) || absl::IsUnavailable(io);
-    const pid_t pid = w->pid;
-    const std::string how = Reap(*w, /*kill_first=*/!peer_gone);
-    const std::string tail = StderrTail(w->stderr_fd);
-    w.reset();
-    {
-      absl::MutexLock lock(&mu_);
-      --live_;
-    }
-    if (timed_out) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          "compile did not finish by its deadline; compile worker ", pid, " killed", tail));
-    }
-    if (peer_gone) return absl::InternalError(absl::StrCat(how, tail));
-    return absl::InternalError(absl::StrCat(io.message(), " (", how, ")", tail));
+  // The worker is finished either way: killed at the deadline, dead already
+  // (end of stream), or not speaking the protocol.
+  const bool timed_out = absl::IsDeadlineExceeded(io);
+  const bool peer_gone = absl::IsNotFound(io) || absl::IsUnavailable(io);
+  const pid_t pid = w.pid;
+  const std::string how = Reap(w, /*kill_first=*/!peer_gone);
+  const std::string tail = StderrTail(w.stderr_fd);
+  if (timed_out) {
+    return {Attempt::kFailed,
+            absl::DeadlineExceededError(absl::StrCat(
+                "compile did not finish by its deadline; compile worker ", pid, " killed", tail))};
   }
-
-  {
-    absl::MutexLock lock(&mu_);
-    idle_.push_back(std::move(w));
-  }
-  return worker::FromResponse(response);
+  if (peer_gone) return {Attempt::kDied, absl::InternalError(absl::StrCat(how, tail))};
+  return {Attempt::kFailed, absl::InternalError(absl::StrCat(io.message(), " (", how, ")", tail))};
 }
 
 }  // namespace kcache

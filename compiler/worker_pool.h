@@ -4,13 +4,19 @@
 // Thread-safe. At most `max_workers` processes exist; a Compile waits (up to
 // its deadline) for a free one. Workers start lazily and are reused; one
 // that crashes, hangs past its deadline or breaks the protocol is killed,
-// reaped, and replaced by a fresh one on a later request. No lock is held
-// while a worker compiles.
+// reaped, and replaced by a fresh one on a later request. An idle worker
+// found dead is replaced before it is used (the request never sees it), and
+// a compile whose worker died under it (a crash, the OOM killer) is retried
+// once on a fresh worker; one that ran past its deadline or was answered (a
+// compile error included) is not. No lock is held while a worker compiles.
 //
 // The process must not set SIGCHLD to SIG_IGN (workers are reaped with
 // waitpid). Workers exit when the daemon does (they watch their socket).
 #pragma once
 
+#include <sys/types.h>
+
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -46,7 +52,8 @@ class WorkerPool : public Compiler {
   // See Compiler (compiler/compile.h) for the codes. Besides those:
   //   Internal          "compile worker crashed with signal N (...)" or
   //                     "... exited with status N", with the tail of the
-  //                     worker's stderr; the worker is replaced;
+  //                     worker's stderr, when the retry's worker died too
+  //                     (the message then says so); the worker is replaced;
   //   DeadlineExceeded  no free worker before the deadline, or the compile
   //                     ran past it: the worker was SIGKILLed and replaced;
   //   Unavailable       a worker could not be started (path in the message).
@@ -55,9 +62,23 @@ class WorkerPool : public Compiler {
 
   // Worker processes alive now (idle or busy). For tests and metrics.
   int live_workers() const;
+  // Compiles retried on a fresh worker after their worker died (since
+  // construction). For tests and metrics.
+  int64_t retried_compiles() const;
+  // Process ids of the idle workers. For tests.
+  std::vector<pid_t> idle_worker_pids() const;
 
  private:
   struct Worker;
+  // One request on one worker. kAnswered: the worker replied (`result` is
+  // its answer, success or compile error) and may be reused. Otherwise the
+  // worker has been reaped: kDied when it ended on its own (crash, exit),
+  // kFailed when it was killed (deadline, protocol error).
+  struct Attempt {
+    enum Outcome { kAnswered, kDied, kFailed } outcome;
+    absl::StatusOr<CompileOutput> result;
+  };
+  static Attempt RunOnce(Worker& w, const CompileInput& input, absl::Time deadline);
   absl::StatusOr<std::unique_ptr<Worker>> Spawn() const;
   // Kills (if needed) and reaps `w`; returns how it ended, as a message.
   static std::string Reap(Worker& w, bool kill_first);
@@ -68,6 +89,7 @@ class WorkerPool : public Compiler {
   mutable absl::Mutex mu_;
   std::vector<std::unique_ptr<Worker>> idle_ ABSL_GUARDED_BY(mu_);
   int live_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t retried_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace kcache

@@ -31,6 +31,7 @@ v1::DaemonConfig DefaultDaemonConfig() {
   c.set_eviction_interval_ms(60000);
   c.set_max_raw_source_bytes(16u << 20);
   c.set_max_raw_kernel_names(64);
+  c.set_max_prefetch_requests(1024);
   return c;
 }
 
@@ -148,6 +149,9 @@ absl::Status ValidateDaemonConfig(const v1::DaemonConfig& c) {
   }
   if (c.enable_raw_kernels() && (c.max_raw_source_bytes() == 0 || c.max_raw_kernel_names() == 0)) {
     return absl::InvalidArgumentError("max_raw_source_bytes and max_raw_kernel_names: must be > 0");
+  }
+  if (c.max_prefetch_requests() == 0) {
+    return absl::InvalidArgumentError("max_prefetch_requests: must be > 0");
   }
   if (c.max_message_bytes() < 4096 || c.max_message_bytes() > (1u << 30)) {
     return absl::InvalidArgumentError("max_message_bytes: must be between 4096 and 1 GiB");

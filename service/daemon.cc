@@ -16,6 +16,7 @@
 #include <sstream>
 #include <thread>
 
+#include "absl/base/call_once.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
@@ -26,8 +27,10 @@
 #include "compiler/scheduler.h"
 #include "compiler/toolchain.h"
 #include "compiler/worker_pool.h"
+#include "google/protobuf/stubs/logging.h"
 #include "service/config.h"
 #include "service/grpc_services.h"
+#include "service/grpc_status.h"
 #include "service/http_server.h"
 #include "service/kernel_backend.h"
 #include "service/metrics.h"
@@ -88,26 +91,132 @@ struct Daemon::Impl {
 
 namespace {
 
-// A socket file left by a daemon that died is removed; one that a live
-// daemon answers on is an error (two daemons on one store/socket).
+// Protobuf's parser logs a line (at ERROR) for each string field that is
+// not UTF-8 before it refuses the message: from clients, a line per bad
+// request, which a hostile one turns into a log flood (issue 17, item 7).
+// The request itself is answered INVALID_ARGUMENT, so keep the first such
+// line in each minute and count the rest.
+void RateLimitedProtobufLog(google::protobuf::LogLevel level, const char* file, int line,
+                            const std::string& message) {
+  static absl::Mutex mu(absl::kConstInit);
+  static absl::Time window_start ABSL_GUARDED_BY(mu) = absl::InfinitePast();
+  static int64_t dropped ABSL_GUARDED_BY(mu) = 0;
+  if (level < google::protobuf::LOGLEVEL_FATAL) {
+    absl::MutexLock lock(&mu);
+    const absl::Time now = absl::Now();
+    if (now - window_start < absl::Minutes(1)) {
+      ++dropped;
+      return;
+    }
+    window_start = now;
+    if (dropped > 0) {
+      std::cerr << "kcached: protobuf: " << dropped
+                << " further protobuf log lines dropped in the last minute\n";
+      dropped = 0;
+    }
+  }
+  std::cerr << "kcached: protobuf: " << file << ":" << line << ": " << message << std::endl;
+}
+
+void InstallRateLimitedProtobufLog() {
+  static absl::once_flag once;
+  absl::call_once(once, [] { google::protobuf::SetLogHandler(&RateLimitedProtobufLog); });
+}
+
+// What lstat found at a path, for messages.
+const char* FileKind(mode_t mode) {
+  if (S_ISREG(mode)) return "a regular file";
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISLNK(mode)) return "a symbolic link";
+  if (S_ISFIFO(mode)) return "a FIFO";
+  if (S_ISCHR(mode) || S_ISBLK(mode)) return "a device";
+  return "a file of an unknown kind";
+}
+
+// A socket left by a daemon that died is removed; anything else at the path
+// is refused, never deleted (issue 17, item 5: a mistyped --socket_path
+// pointing at the store's CURRENT file deleted it), and so is a socket that
+// a live daemon answers on (two daemons on one socket).
 absl::Status PrepareSocketPath(const std::string& path) {
   std::error_code ec;
   fs::create_directories(fs::path(path).parent_path().empty() ? fs::path(".")
                                                               : fs::path(path).parent_path(),
                          ec);
-  if (!fs::exists(path)) return absl::OkStatus();
-  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  struct stat st;
+  if (lstat(path.c_str(), &st) != 0) {
+    if (errno == ENOENT) return absl::OkStatus();
+    return absl::InvalidArgumentError(
+        absl::StrCat("socket_path: cannot inspect ", path, ": ", std::strerror(errno)));
+  }
+  if (!S_ISSOCK(st.st_mode)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "socket_path: ", path, " exists and is ", FileKind(st.st_mode),
+        ", not a socket; kcached only ever replaces a stale socket. Move it away or choose "
+        "another --socket_path"));
+  }
+  const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return absl::InternalError(absl::StrCat("socket: ", std::strerror(errno)));
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
   std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
-  bool live = connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+  const bool live = connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+  const int connect_errno = errno;
   close(fd);
   if (live) {
     return absl::FailedPreconditionError(
         absl::StrCat("socket_path: another process is serving on ", path));
   }
-  fs::remove(path, ec);
+  if (connect_errno != ECONNREFUSED) {
+    // Not provably stale (e.g. no permission to connect): leave it.
+    return absl::FailedPreconditionError(
+        absl::StrCat("socket_path: ", path, " is a socket that cannot be probed (",
+                     std::strerror(connect_errno), "); not removing it"));
+  }
+  if (unlink(path.c_str()) != 0 && errno != ENOENT) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "socket_path: cannot remove the stale socket ", path, ": ", std::strerror(errno)));
+  }
   return absl::OkStatus();
+}
+
+// Starts `builder`'s server listening on the Unix socket `path` with mode
+// 0660 from its first moment: it is bound in a fresh private directory
+// (0700, so nobody else can reach it there whatever the umask gave it),
+// chmod-ed, then renamed into place (issue 17, item 10).
+absl::StatusOr<std::unique_ptr<grpc::Server>> ListenOnUnixSocket(grpc::ServerBuilder& builder,
+                                                                 const std::string& path) {
+  const fs::path final_path = fs::absolute(path);
+  std::string dir = (final_path.parent_path() / ".kcached-XXXXXX").string();
+  if (mkdtemp(dir.data()) == nullptr) {
+    return absl::UnavailableError(absl::StrCat("socket_path: cannot create a directory beside ",
+                                               final_path.string(), ": ", std::strerror(errno)));
+  }
+  const std::string temp = dir + "/s";
+  auto cleanup = [&] {
+    unlink(temp.c_str());
+    rmdir(dir.c_str());
+  };
+  if (temp.size() >= sizeof(sockaddr_un::sun_path)) {
+    cleanup();
+    return absl::InvalidArgumentError(
+        absl::StrCat("socket_path: ", final_path.string(), " is too long for a Unix socket"));
+  }
+  builder.AddListeningPort(absl::StrCat("unix:", temp), grpc::InsecureServerCredentials());
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr) {
+    cleanup();
+    return absl::UnavailableError(
+        absl::StrCat("socket_path: cannot listen on ", final_path.string()));
+  }
+  if (chmod(temp.c_str(), 0660) != 0 || rename(temp.c_str(), final_path.c_str()) != 0) {
+    const int err = errno;
+    server->Shutdown();
+    cleanup();
+    return absl::InternalError(absl::StrCat("socket_path: cannot put the socket in place at ",
+                                            final_path.string(), ": ", std::strerror(err)));
+  }
+  rmdir(dir.c_str());
+  return server;
 }
 
 absl::StatusOr<std::string> ReadFile(const std::string& path, const char* what) {
@@ -122,6 +231,7 @@ absl::StatusOr<std::string> ReadFile(const std::string& path, const char* what) 
 
 absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const v1::DaemonConfig& config) {
   if (absl::Status st = ValidateDaemonConfig(config); !st.ok()) return st;
+  InstallRateLimitedProtobufLog();
   auto d = std::make_unique<Impl>();
   d->config = config;
   const v1::DaemonConfig& c = d->config;
@@ -227,15 +337,31 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const v1::DaemonConfig& co
     return out;
   });
 
+  WorkerPool* pool = d->workers.get();
+  d->metrics.AddGauge("kcache_compile_worker_retries",
+                      "Compiles retried on a fresh worker after their worker died", [pool] {
+                        return std::vector<std::pair<std::string, double>>{
+                            {"", static_cast<double>(pool->retried_compiles())}};
+                      });
+
   // gRPC.
   uint64_t max_spec = std::min<uint64_t>(c.max_message_bytes(), 1u << 20);
   RawKernelPolicy raw_policy;
   raw_policy.enabled = c.enable_raw_kernels();
   raw_policy.token = raw_token;
   raw_policy.max_source_bytes = c.max_raw_source_bytes();
+  // What one request may make the daemon allocate, checked before it is
+  // parsed (service/request_parse.h): a spec of at most max_spec bytes, or a
+  // raw kernel's source when those are on, plus room for the rest.
+  RequestLimits limits;
+  constexpr uint64_t kEnvelopeBytes = 64u << 10;  // target, names, field headers
+  limits.max_request_bytes = std::min<uint64_t>(
+      c.max_message_bytes(),
+      max_spec + kEnvelopeBytes + (c.enable_raw_kernels() ? c.max_raw_source_bytes() : 0));
+  limits.max_prefetch_requests = c.max_prefetch_requests();
   d->kernel_service = std::make_unique<KernelServiceImpl>(
       d->backend.get(), &d->state, max_spec, absl::Milliseconds(c.default_deadline_ms()),
-      raw_policy);
+      raw_policy, limits);
   d->admin_local = std::make_unique<AdminServiceImpl>(d->store.get(), d->backend.get(), &d->state, "",
                                                       &d->metrics);
   grpc::EnableDefaultHealthCheckService(true);
@@ -243,20 +369,15 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const v1::DaemonConfig& co
 
   if (!c.socket_path().empty()) {
     if (absl::Status s = PrepareSocketPath(c.socket_path()); !s.ok()) return s;
-    std::string abs = fs::absolute(c.socket_path()).string();
     grpc::ServerBuilder b;
-    b.AddListeningPort(absl::StrCat("unix:", abs), grpc::InsecureServerCredentials());
     b.SetMaxReceiveMessageSize(static_cast<int>(c.max_message_bytes()));
     b.SetMaxSendMessageSize(static_cast<int>(c.max_message_bytes()));
+    b.experimental().SetInterceptorCreators(MalformedRequestInterceptors());
     b.RegisterService(d->kernel_service.get());
     b.RegisterService(d->admin_local.get());
-    d->local_server = b.BuildAndStart();
-    if (d->local_server == nullptr) {
-      return absl::UnavailableError(absl::StrCat("socket_path: cannot listen on ", abs));
-    }
-    if (chmod(abs.c_str(), 0660) != 0) {
-      return absl::InternalError(absl::StrCat("chmod 0660 ", abs, ": ", std::strerror(errno)));
-    }
+    auto server = ListenOnUnixSocket(b, c.socket_path());
+    if (!server.ok()) return server.status();
+    d->local_server = *std::move(server);
   }
   if (!c.tcp_address().empty()) {
     grpc::ServerBuilder b;
@@ -272,11 +393,28 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const v1::DaemonConfig& co
       creds = grpc::SslServerCredentials(ssl);
     }
     b.AddListeningPort(c.tcp_address(), creds, &d->tcp_port);
-    b.SetMaxReceiveMessageSize(static_cast<int>(c.max_message_bytes()));
+    // Plaintext TCP is unauthenticated and serves neither raw kernels nor
+    // admin calls: no request there needs more than a spec's bytes, and a
+    // Prefetch of specs fits in 8 MiB. Its receive limit bounds what any
+    // caller can make gRPC buffer per call before kcached sees a byte.
+    RequestLimits tcp_limits = limits;
+    uint64_t tcp_max_receive = c.max_message_bytes();
+    if (!tls) {
+      tcp_limits.max_request_bytes =
+          std::min<uint64_t>(limits.max_request_bytes, max_spec + kEnvelopeBytes);
+      tcp_max_receive = std::min<uint64_t>(
+          c.max_message_bytes(), std::max<uint64_t>(tcp_limits.max_request_bytes, 8u << 20));
+    }
+    b.SetMaxReceiveMessageSize(static_cast<int>(tcp_max_receive));
     b.SetMaxSendMessageSize(static_cast<int>(c.max_message_bytes()));
+    b.experimental().SetInterceptorCreators(MalformedRequestInterceptors());
+    // The admin token (which raw kernels need) counts only where admin
+    // calls are accepted: never over plaintext TCP.
+    RawKernelPolicy tcp_raw = raw_policy;
+    tcp_raw.token_accepted_here = tls;
     d->kernel_service_tcp = std::make_unique<KernelServiceImpl>(
-        d->backend.get(), &d->state, max_spec, absl::Milliseconds(c.default_deadline_ms()),
-        raw_policy);
+        d->backend.get(), &d->state, max_spec, absl::Milliseconds(c.default_deadline_ms()), tcp_raw,
+        tcp_limits);
     b.RegisterService(d->kernel_service_tcp.get());
     // Admin over TCP only with TLS and a token; otherwise the Unix socket
     // (and its file mode) is the only way in.
@@ -383,8 +521,11 @@ absl::Status Daemon::Shutdown() {
   }
   absl::Status closed = d.store->Close();
   if (!d.config.socket_path().empty()) {
-    std::error_code ec;
-    fs::remove(d.config.socket_path(), ec);
+    // Ours, unless something replaced it meanwhile: remove only a socket.
+    struct stat st;
+    if (lstat(d.config.socket_path().c_str(), &st) == 0 && S_ISSOCK(st.st_mode)) {
+      unlink(d.config.socket_path().c_str());
+    }
   }
   if (!sched.ok()) return sched;
   return closed;

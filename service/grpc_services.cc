@@ -69,6 +69,22 @@ void FillRawResponse(const KernelAnswer& a, grpc::ByteBuffer* out) {
   *out = grpc::ByteBuffer(slices, 2);
 }
 
+// The bytes of a received message in one piece.
+std::string Flatten(const grpc::ByteBuffer& b) {
+  std::vector<grpc::Slice> slices;
+  std::string out;
+  if (!b.Dump(&slices).ok()) return out;
+  out.reserve(b.Length());
+  for (const grpc::Slice& s : slices)
+    out.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  return out;
+}
+
+grpc::ByteBuffer Serialized(const google::protobuf::Message& m) {
+  grpc::Slice s(m.SerializeAsString());
+  return grpc::ByteBuffer(&s, 1);
+}
+
 v1::Progress ToProto(const ProgressEvent& e) {
   v1::Progress p;
   p.set_phase(static_cast<v1::Progress::Phase>(static_cast<int>(e.phase) + 1));
@@ -78,6 +94,23 @@ v1::Progress ToProto(const ProgressEvent& e) {
 }
 
 }  // namespace
+
+bool BearerTokenMatches(std::string_view authorization, std::string_view token) {
+  constexpr std::string_view kBearer = "Bearer ";
+  // Every byte of the value is compared, whatever the first difference; a
+  // wrong length is only learnt at the end.
+  const size_t expected = kBearer.size() + token.size();
+  unsigned char diff = authorization.size() == expected ? 0 : 1;
+  for (size_t i = 0; i < authorization.size(); ++i) {
+    const char want = i < kBearer.size() ? kBearer[i]
+                      : i < expected     ? token[i - kBearer.size()]
+                                         : token[(i - kBearer.size()) % token.size()];
+    diff |= static_cast<unsigned char>(authorization[i] ^ want);
+  }
+  // Keep the compiler from turning the loop into an early-exit compare.
+  volatile unsigned char result = diff;
+  return result == 0;
+}
 
 // --- KernelService -----------------------------------------------------------
 
@@ -100,6 +133,12 @@ absl::Status KernelServiceImpl::AdmitRaw(grpc::ServerContextBase* ctx,
         field, ": raw kernels (LLVM IR / PTX) are disabled on this daemon; an operator can enable "
                "them with --enable_raw_kernels (admin-token only)"));
   }
+  if (!raw_.token_accepted_here) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        field,
+        ": raw kernels are accepted only where admin calls are (the Unix socket, or TCP "
+        "with TLS); the admin token is not accepted over plaintext TCP"));
+  }
   // ServerContextBase has no client_metadata(); both context kinds do.
   const std::multimap<grpc::string_ref, grpc::string_ref>* md = nullptr;
   if (auto* c = dynamic_cast<grpc::CallbackServerContext*>(ctx)) md = &c->client_metadata();
@@ -107,8 +146,9 @@ absl::Status KernelServiceImpl::AdmitRaw(grpc::ServerContextBase* ctx,
   bool authorized = false;
   if (md != nullptr) {
     auto it = md->find("authorization");
-    authorized = it != md->end() && std::string_view(it->second.data(), it->second.size()) ==
-                                        absl::StrCat("Bearer ", raw_.token);
+    authorized =
+        it != md->end() &&
+        BearerTokenMatches(std::string_view(it->second.data(), it->second.size()), raw_.token);
   }
   if (!authorized) {
     return absl::PermissionDeniedError(absl::StrCat(
@@ -269,8 +309,7 @@ class KernelServiceImpl::WaitingCall final : public grpc::ServerUnaryReactor {
 // OnWriteDone run, inside StartWrite), and neither StartWrite nor Finish is
 // followed by a touch of this object: OnDone may delete it as soon as the
 // last one is called.
-class KernelServiceImpl::StreamingCall final
-    : public grpc::ServerWriteReactor<v1::GetKernelEvent> {
+class KernelServiceImpl::StreamingCall final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
   StreamingCall(grpc::CallbackServerContext* ctx, std::shared_ptr<Waiting> waiting)
       : ctx_(ctx), wait_(std::move(waiting)) {}
@@ -336,20 +375,23 @@ class KernelServiceImpl::StreamingCall final
     }
   }
 
-  void Push(v1::GetKernelEvent ev) {
+  void Push(const v1::GetKernelEvent& ev) {
+    grpc::ByteBuffer bytes = Serialized(ev);
     {
       absl::MutexLock lock(&mu_);
       if (status_.has_value()) return;  // nothing after the outcome
-      queue_.push_back(std::move(ev));
+      queue_.push_back(std::move(bytes));
     }
     Pump();
   }
   // The outcome: a last event (the result) if any, then `status`. Once.
-  void Conclude(std::optional<v1::GetKernelEvent> last, grpc::Status status) {
+  void Conclude(const std::optional<v1::GetKernelEvent>& last, grpc::Status status) {
+    std::optional<grpc::ByteBuffer> bytes;
+    if (last.has_value()) bytes = Serialized(*last);
     {
       absl::MutexLock lock(&mu_);
       if (status_.has_value()) return;
-      if (last.has_value()) queue_.push_back(*std::move(last));
+      if (bytes.has_value()) queue_.push_back(*std::move(bytes));
       status_ = std::move(status);
     }
     Pump();
@@ -386,12 +428,12 @@ class KernelServiceImpl::StreamingCall final
   grpc::CallbackServerContext* const ctx_;
   TicketWait wait_;
   absl::Mutex mu_;
-  std::deque<v1::GetKernelEvent> queue_ ABSL_GUARDED_BY(mu_);  // not yet written
+  std::deque<grpc::ByteBuffer> queue_ ABSL_GUARDED_BY(mu_);    // serialized, not yet written
   std::optional<grpc::Status> status_ ABSL_GUARDED_BY(mu_);    // the outcome, once known
   bool writing_ ABSL_GUARDED_BY(mu_) = false;   // a StartWrite awaits its OnWriteDone
   bool finished_ ABSL_GUARDED_BY(mu_) = false;  // Finish was called
   bool broken_ ABSL_GUARDED_BY(mu_) = false;    // cancelled or a write failed
-  v1::GetKernelEvent current_;                  // the write in flight
+  grpc::ByteBuffer current_;                    // the write in flight
 };
 
 KernelServiceImpl::~KernelServiceImpl() {
@@ -437,12 +479,8 @@ grpc::ServerUnaryReactor* KernelServiceImpl::GetKernel(grpc::CallbackServerConte
     reactor->Finish(status);
     return reactor;
   };
-  auto req = std::make_unique<v1::GetKernelRequest>();
-  {
-    grpc::ByteBuffer bytes(*request);  // shares the slices; Deserialize consumes them
-    grpc::Status parsed = grpc::SerializationTraits<v1::GetKernelRequest>::Deserialize(&bytes, req.get());
-    if (!parsed.ok()) return answer_now(parsed);
-  }
+  absl::StatusOr<v1::GetKernelRequest> req = ParseRequest(*request);
+  if (!req.ok()) return answer_now(Reply(ctx, req.status()));
   if (absl::Status st = Admit(ctx, *req); !st.ok()) return answer_now(Reply(ctx, st));
   auto pending = backend_->Begin(*req, DeadlineOf(ctx));
   if (!pending.ok()) return answer_now(Reply(ctx, pending.status()));
@@ -457,9 +495,25 @@ grpc::ServerUnaryReactor* KernelServiceImpl::GetKernel(grpc::CallbackServerConte
   return call;
 }
 
-grpc::ServerWriteReactor<v1::GetKernelEvent>* KernelServiceImpl::GetKernelStream(
-    grpc::CallbackServerContext* ctx, const v1::GetKernelRequest* req) {
+absl::StatusOr<v1::GetKernelRequest> KernelServiceImpl::ParseRequest(
+    const grpc::ByteBuffer& request) const {
+  // Refused before its bytes are copied, let alone parsed.
+  if (request.Length() > limits_.max_request_bytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("request: ", request.Length(), " bytes, over this daemon's limit of ",
+                     limits_.max_request_bytes, " bytes per GetKernelRequest"));
+  }
+  return ParseGetKernelRequest(Flatten(request), limits_);
+}
+
+grpc::ServerWriteReactor<grpc::ByteBuffer>* KernelServiceImpl::GetKernelStream(
+    grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* request) {
   auto* call = new StreamingCall(ctx, waiting_);
+  absl::StatusOr<v1::GetKernelRequest> req = ParseRequest(*request);
+  if (!req.ok()) {
+    call->Refuse(req.status());
+    return call;
+  }
   if (absl::Status st = Admit(ctx, *req); !st.ok()) {
     call->Refuse(st);
     return call;
@@ -478,26 +532,34 @@ grpc::ServerWriteReactor<v1::GetKernelEvent>* KernelServiceImpl::GetKernelStream
   return call;
 }
 
-grpc::Status KernelServiceImpl::Prefetch(grpc::ServerContext* ctx, const v1::PrefetchRequest* req,
-                                         v1::PrefetchResponse* resp) {
-  if (state_->shutting_down.load()) {
-    return Reply(ctx, absl::UnavailableError("kcached is shutting down"));
-  }
-  for (int i = 0; i < req->requests_size(); ++i) {
-    if (req->requests(i).spec().ByteSizeLong() > max_spec_bytes_) {
-      return Reply(ctx, absl::InvalidArgumentError(
-                            absl::StrCat("requests[", i, "].spec: over the size limit of ",
-                                         max_spec_bytes_, " bytes")));
-    }
-    if (req->requests(i).has_raw()) {
-      if (absl::Status st = AdmitRaw(ctx, req->requests(i), absl::StrCat("requests[", i, "].raw"));
-          !st.ok()) {
-        return Reply(ctx, st);
+grpc::ServerUnaryReactor* KernelServiceImpl::Prefetch(grpc::CallbackServerContext* ctx,
+                                                      const grpc::ByteBuffer* request,
+                                                      grpc::ByteBuffer* response) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  auto answer = [&]() -> absl::Status {
+    if (state_->shutting_down.load()) return absl::UnavailableError("kcached is shutting down");
+    // The transport has bounded the bytes (max_message_bytes); the entries
+    // and their fields are bounded before the parse.
+    absl::StatusOr<v1::PrefetchRequest> req = ParsePrefetchRequest(Flatten(*request), limits_);
+    if (!req.ok()) return req.status();
+    for (int i = 0; i < req->requests_size(); ++i) {
+      if (req->requests(i).spec().ByteSizeLong() > max_spec_bytes_) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "requests[", i, "].spec: over the size limit of ", max_spec_bytes_, " bytes"));
+      }
+      if (req->requests(i).has_raw()) {
+        if (absl::Status st =
+                AdmitRaw(ctx, req->requests(i), absl::StrCat("requests[", i, "].raw"));
+            !st.ok()) {
+          return st;
+        }
       }
     }
-  }
-  *resp = backend_->Prefetch(*req);
-  return grpc::Status::OK;
+    *response = Serialized(backend_->Prefetch(*req));
+    return absl::OkStatus();
+  };
+  reactor->Finish(Reply(ctx, answer()));
+  return reactor;
 }
 
 // --- AdminService ------------------------------------------------------------
@@ -507,7 +569,7 @@ absl::Status AdminServiceImpl::Authorize(grpc::ServerContext* ctx) const {
   if (token_.empty()) return absl::OkStatus();
   auto it = ctx->client_metadata().find("authorization");
   if (it == ctx->client_metadata().end() ||
-      std::string_view(it->second.data(), it->second.size()) != absl::StrCat("Bearer ", token_)) {
+      !BearerTokenMatches(std::string_view(it->second.data(), it->second.size()), token_)) {
     return absl::PermissionDeniedError("admin calls over TCP need the admin token");
   }
   return absl::OkStatus();

@@ -9,13 +9,15 @@
 // scheduler's completion callback (Ticket::OnDone) on the thread that ends the
 // wait, GetKernelStream's progress events are written from the scheduler's
 // ProgressFn, and client cancellation reaches either through the reactor's
-// OnCancel. Every other method (synchronous handlers) holds a thread of its
-// own while it runs.
+// OnCancel. Prefetch (lookups and queueing, no waiting) is answered on the
+// gRPC thread too. The AdminService methods (synchronous handlers) hold a
+// thread of their own while they run.
 #pragma once
 
 #include <atomic>
 #include <memory>
 #include <string>
+#include <string_view>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_set.h"
@@ -25,6 +27,7 @@
 #include "kcache/v1/service.grpc.pb.h"
 #include "service/kernel_backend.h"
 #include "service/metrics.h"
+#include "service/request_parse.h"
 
 namespace kcache {
 
@@ -34,14 +37,24 @@ struct ServingState {
 };
 
 // Who may send raw kernels (GetKernelRequest.raw): nobody unless enabled;
-// then only calls carrying "authorization: Bearer <token>", whichever
-// listener they came in on (raw input is code: the Unix socket's file mode
-// admits every trainer, and that is not enough).
+// then only calls carrying "authorization: Bearer <token>" (raw input is
+// code: the Unix socket's file mode admits every trainer, and that is not
+// enough), and only on a listener where admin calls are accepted too (the
+// Unix socket, or TCP with TLS): the token never counts on plaintext TCP,
+// where it would cross the network in the clear (issue 17, item 6).
 struct RawKernelPolicy {
   bool enabled = false;
   std::string token;              // the admin token; non-empty when enabled
   uint64_t max_source_bytes = 0;  // RawKernel.source limit
+  // False on a plaintext TCP listener: raw requests are refused there,
+  // token or not.
+  bool token_accepted_here = true;
 };
+
+// Whether an "authorization" metadata value is "Bearer <token>". Its time
+// depends on the lengths only, not on where the value first differs.
+// `token` must not be empty.
+bool BearerTokenMatches(std::string_view authorization, std::string_view token);
 
 // Register one instance with one server (a callback method's handler is
 // bound to the server that registered it). The destructor waits until every
@@ -49,20 +62,30 @@ struct RawKernelPolicy {
 // reactor done, its Ticket released), so that none touches anything after
 // it; destroy the server first. The Scheduler behind `backend` must outlive
 // this object.
+//
+// Every method takes its request as bytes and parses it itself
+// (service/request_parse.h): bounded by `limits` before anything is
+// allocated for it, and refused with INVALID_ARGUMENT and a message when
+// malformed (gRPC's own parse would allocate first and answer INTERNAL or
+// UNIMPLEMENTED with no message).
 class KernelServiceImpl final
     : public v1::KernelService::WithRawCallbackMethod_GetKernel<
-          v1::KernelService::WithCallbackMethod_GetKernelStream<v1::KernelService::Service>> {
+          v1::KernelService::WithRawCallbackMethod_GetKernelStream<
+              v1::KernelService::WithRawCallbackMethod_Prefetch<v1::KernelService::Service>>> {
   using Base = v1::KernelService::WithRawCallbackMethod_GetKernel<
-      v1::KernelService::WithCallbackMethod_GetKernelStream<v1::KernelService::Service>>;
+      v1::KernelService::WithRawCallbackMethod_GetKernelStream<
+          v1::KernelService::WithRawCallbackMethod_Prefetch<v1::KernelService::Service>>>;
 
  public:
   KernelServiceImpl(KernelBackend* backend, const ServingState* state, uint64_t max_spec_bytes,
-                    absl::Duration default_deadline, RawKernelPolicy raw = {})
+                    absl::Duration default_deadline, RawKernelPolicy raw = {},
+                    RequestLimits limits = {})
       : backend_(backend),
         state_(state),
         max_spec_bytes_(max_spec_bytes),
         default_deadline_(default_deadline),
-        raw_(std::move(raw)) {}
+        raw_(std::move(raw)),
+        limits_(limits) {}
   ~KernelServiceImpl() override;
 
   // The base's synchronous GetKernel is disabled (it aborts); this is the
@@ -72,13 +95,17 @@ class KernelServiceImpl final
                                       const grpc::ByteBuffer* request,
                                       grpc::ByteBuffer* response) override;
   // Progress events while the request waits for a compile, then one result
-  // event (or an error status). Likewise callback-based; the synchronous
-  // version is disabled.
+  // event (or an error status), each a serialized GetKernelEvent. Likewise
+  // callback-based; the synchronous version is disabled.
   using Base::GetKernelStream;
-  grpc::ServerWriteReactor<v1::GetKernelEvent>* GetKernelStream(
-      grpc::CallbackServerContext* ctx, const v1::GetKernelRequest* req) override;
-  grpc::Status Prefetch(grpc::ServerContext* ctx, const v1::PrefetchRequest* req,
-                        v1::PrefetchResponse* resp) override;
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* GetKernelStream(
+      grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* request) override;
+  // A PrefetchRequest in, a PrefetchResponse out, answered on the gRPC
+  // thread that read it (lookups and queueing only: compiles run later).
+  using Base::Prefetch;
+  grpc::ServerUnaryReactor* Prefetch(grpc::CallbackServerContext* ctx,
+                                     const grpc::ByteBuffer* request,
+                                     grpc::ByteBuffer* response) override;
 
   // Answers every GetKernel / GetKernelStream call waiting for a compile
   // UNAVAILABLE ("its compile was abandoned, retry", with the retry hint),
@@ -108,6 +135,8 @@ class KernelServiceImpl final
     absl::flat_hash_set<TicketWait*> calls ABSL_GUARDED_BY(mu);
   };
 
+  // The request's bytes, bounded and parsed (service/request_parse.h).
+  absl::StatusOr<v1::GetKernelRequest> ParseRequest(const grpc::ByteBuffer& request) const;
   absl::Status Admit(grpc::ServerContextBase* ctx, const v1::GetKernelRequest& req) const;
   // For a request with `raw`: FailedPrecondition when raw kernels are off,
   // PermissionDenied without the admin token, InvalidArgument over the size
@@ -121,6 +150,7 @@ class KernelServiceImpl final
   const uint64_t max_spec_bytes_;
   const absl::Duration default_deadline_;
   const RawKernelPolicy raw_;
+  const RequestLimits limits_;
   const std::shared_ptr<Waiting> waiting_ = std::make_shared<Waiting>();
 };
 

@@ -33,7 +33,11 @@ int main(int argc, char** argv) {
   auto daemon = kcache::Daemon::Start(*config);
   if (!daemon.ok()) {
     std::cerr << "kcached: " << daemon.status().message() << "\n";
-    return 1;
+    // InvalidArgument is a configuration error found at start (an unreadable
+    // or empty token or TLS file, a bad --metrics_address, a --socket_path
+    // that is not a socket): restarting will not fix it, and exit 2 tells
+    // systemd so (RestartPreventExitStatus=2 in docker/kcached.service).
+    return daemon.status().code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
   }
   int sig = 0;
   sigwait(&set, &sig);

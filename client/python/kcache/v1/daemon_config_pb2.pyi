@@ -5,7 +5,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class DaemonConfig(_message.Message):
-    __slots__ = ["admin_token_path", "compile_only", "compile_threads", "compile_workers", "default_deadline_ms", "enable_raw_kernels", "error_memo_ms", "eviction_grace_ms", "eviction_interval_ms", "max_expr_depth", "max_expr_nodes", "max_message_bytes", "max_queue_depth", "max_raw_kernel_names", "max_raw_source_bytes", "max_store_bytes", "memory_cache_bytes", "metrics_address", "nvjitlink_path", "nvrtc_path", "shutdown_grace_ms", "socket_path", "stats_flush_ms", "store_path", "tcp_address", "tls_cert_path", "tls_key_path", "toolchain_salt", "worker_path"]
+    __slots__ = ["admin_token_path", "compile_only", "compile_threads", "compile_workers", "default_deadline_ms", "enable_raw_kernels", "error_memo_ms", "eviction_grace_ms", "eviction_interval_ms", "max_expr_depth", "max_expr_nodes", "max_message_bytes", "max_prefetch_requests", "max_queue_depth", "max_raw_kernel_names", "max_raw_source_bytes", "max_store_bytes", "memory_cache_bytes", "metrics_address", "nvjitlink_path", "nvrtc_path", "shutdown_grace_ms", "socket_path", "stats_flush_ms", "store_path", "tcp_address", "tls_cert_path", "tls_key_path", "toolchain_salt", "worker_path"]
     ADMIN_TOKEN_PATH_FIELD_NUMBER: _ClassVar[int]
     COMPILE_ONLY_FIELD_NUMBER: _ClassVar[int]
     COMPILE_THREADS_FIELD_NUMBER: _ClassVar[int]
@@ -18,6 +18,7 @@ class DaemonConfig(_message.Message):
     MAX_EXPR_DEPTH_FIELD_NUMBER: _ClassVar[int]
     MAX_EXPR_NODES_FIELD_NUMBER: _ClassVar[int]
     MAX_MESSAGE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MAX_PREFETCH_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     MAX_QUEUE_DEPTH_FIELD_NUMBER: _ClassVar[int]
     MAX_RAW_KERNEL_NAMES_FIELD_NUMBER: _ClassVar[int]
     MAX_RAW_SOURCE_BYTES_FIELD_NUMBER: _ClassVar[int]
@@ -47,6 +48,7 @@ class DaemonConfig(_message.Message):
     max_expr_depth: int
     max_expr_nodes: int
     max_message_bytes: int
+    max_prefetch_requests: int
     max_queue_depth: int
     max_raw_kernel_names: int
     max_raw_source_bytes: int
@@ -64,4 +66,4 @@ class DaemonConfig(_message.Message):
     tls_key_path: str
     toolchain_salt: str
     worker_path: str
-    def __init__(self, store_path: _Optional[str] = ..., memory_cache_bytes: _Optional[int] = ..., max_store_bytes: _Optional[int] = ..., eviction_grace_ms: _Optional[int] = ..., stats_flush_ms: _Optional[int] = ..., socket_path: _Optional[str] = ..., tcp_address: _Optional[str] = ..., tls_cert_path: _Optional[str] = ..., tls_key_path: _Optional[str] = ..., admin_token_path: _Optional[str] = ..., metrics_address: _Optional[str] = ..., nvrtc_path: _Optional[str] = ..., compile_threads: _Optional[int] = ..., compile_workers: _Optional[int] = ..., compile_only: bool = ..., max_queue_depth: _Optional[int] = ..., error_memo_ms: _Optional[int] = ..., default_deadline_ms: _Optional[int] = ..., worker_path: _Optional[str] = ..., toolchain_salt: _Optional[str] = ..., max_message_bytes: _Optional[int] = ..., max_expr_nodes: _Optional[int] = ..., max_expr_depth: _Optional[int] = ..., shutdown_grace_ms: _Optional[int] = ..., eviction_interval_ms: _Optional[int] = ..., enable_raw_kernels: bool = ..., max_raw_source_bytes: _Optional[int] = ..., max_raw_kernel_names: _Optional[int] = ..., nvjitlink_path: _Optional[str] = ...) -> None: ...
+    def __init__(self, store_path: _Optional[str] = ..., memory_cache_bytes: _Optional[int] = ..., max_store_bytes: _Optional[int] = ..., eviction_grace_ms: _Optional[int] = ..., stats_flush_ms: _Optional[int] = ..., socket_path: _Optional[str] = ..., tcp_address: _Optional[str] = ..., tls_cert_path: _Optional[str] = ..., tls_key_path: _Optional[str] = ..., admin_token_path: _Optional[str] = ..., metrics_address: _Optional[str] = ..., nvrtc_path: _Optional[str] = ..., compile_threads: _Optional[int] = ..., compile_workers: _Optional[int] = ..., compile_only: bool = ..., max_queue_depth: _Optional[int] = ..., error_memo_ms: _Optional[int] = ..., default_deadline_ms: _Optional[int] = ..., worker_path: _Optional[str] = ..., toolchain_salt: _Optional[str] = ..., max_message_bytes: _Optional[int] = ..., max_expr_nodes: _Optional[int] = ..., max_expr_depth: _Optional[int] = ..., shutdown_grace_ms: _Optional[int] = ..., eviction_interval_ms: _Optional[int] = ..., enable_raw_kernels: bool = ..., max_raw_source_bytes: _Optional[int] = ..., max_raw_kernel_names: _Optional[int] = ..., nvjitlink_path: _Optional[str] = ..., max_prefetch_requests: _Optional[int] = ...) -> None: ...
