@@ -144,6 +144,8 @@ class Expr:
     __rtruediv__ = lambda s, o: s._bin(4, o, True)  # noqa: E731
     __mod__ = lambda s, o: s._bin(5, o)  # noqa: E731
     __rmod__ = lambda s, o: s._bin(5, o, True)  # noqa: E731
+    __floordiv__ = lambda s, o: s._bin(16, o)  # noqa: E731
+    __rfloordiv__ = lambda s, o: s._bin(16, o, True)  # noqa: E731
     __eq__ = lambda s, o: s._bin(8, o)  # noqa: E731
     __ne__ = lambda s, o: s._bin(9, o)  # noqa: E731
     __lt__ = lambda s, o: s._bin(10, o)  # noqa: E731
