@@ -99,6 +99,16 @@ CASES = {
     "drafter_expr": spec_json(drafter_predicate(), [("anchors", 2)], 32, 8),
     "neighbourhood_expr": spec_json(neighbourhood_predicate(), [], 16, 16),
     "head_window_expr": spec_json(head_window_predicate(), [("window", 1)], 16, 16),
+    # Built-in kinds, forward only, for the numeric check's GPU test
+    # (tests/compiler/numeric_check_gpu_test.cc).
+    "check_drafter_causal": {"dtype": "DTYPE_BF16", "head_dim_qk": 128, "num_q_heads": 4,
+                             "num_kv_heads": 2, "return_lse": True,
+                             "mask": {"drafter": {"block_size": 16, "causal_within_block": True}},
+                             "score_mod": {"alibi": {}}},
+    "check_doc_softcap_fp16": {"dtype": "DTYPE_FP16", "head_dim_qk": 64, "num_q_heads": 4,
+                               "num_kv_heads": 2, "return_lse": True,
+                               "mask": {"document": {"causal": True}},
+                               "score_mod": {"softcap": {"cap": 5.0}}},
 }
 
 
