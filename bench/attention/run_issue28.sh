@@ -16,4 +16,6 @@ timeout 35 python3 tests/kernels/test_attention_fwd.py --select expr --cases 48 
 t0=$(date +%s)
 timeout 35 python3 tests/kernels/test_attention_bwd.py --select expr --cases 24 --log "$OUT/bwd.log" 2>&1 | tail -4; echo "bwd rc=${PIPESTATUS[0]} $(( $(date +%s) - t0 ))s"
 t0=$(date +%s)
+[ -x bin/numeric_check_gpu_test ] && KC_REPO=$PWD KC_CHECK_CUBINS=.devcarry/check timeout 30 bin/numeric_check_gpu_test 2>&1 | tee "$OUT/numeric_gpu.log" | grep -E "rel L2|fault|PASSED|FAILED|OK \]|Failure" ; echo "numeric_gpu rc=${PIPESTATUS[0]} $(( $(date +%s) - t0 ))s"
+t0=$(date +%s)
 timeout 40 python3 tests/kernels/test_numeric_check.py --select "$SEL" --cases 2 --log "$OUT/numeric.log" 2>&1 | tail -8; echo "numeric rc=${PIPESTATUS[0]} $(( $(date +%s) - t0 ))s"
