@@ -16,8 +16,6 @@
 
 namespace kcache {
 
-namespace {
-
 // Every template file, as NVRTC headers. Built once: the templates are
 // immutable data in the binary.
 const std::map<std::string, std::string>& TemplateHeaders() {
@@ -30,6 +28,8 @@ const std::map<std::string, std::string>& TemplateHeaders() {
   }();
   return *headers;
 }
+
+namespace {
 
 const KernelReport* FindReport(const std::vector<KernelReport>& reports, const std::string& name) {
   for (const KernelReport& k : reports) {
@@ -85,6 +85,7 @@ absl::StatusOr<AttentionBuild> BuildAttention(const AttentionIdentity& id,
         rec.set_template_digest(std::string(kernels::TemplateDigestHex()));
         rec.set_abi_version(kAttentionAbiVersion);
         rec.set_deterministic_backward(id.normalized.backward() && id.normalized.deterministic());
+        b.reference_source = gen->reference_source;
         for (const v1::EntryPoint& e : gen->entry_points) {
           v1::EntryPoint* ep = rec.add_entry_points();
           *ep = e;

@@ -4,6 +4,7 @@
 // describe the result as a KernelRecord. Thread-safe (no shared state).
 #pragma once
 
+#include <map>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -44,7 +45,13 @@ struct AttentionBuild {
   std::string cubin;
   // What a device must satisfy to verify the cubin, one per entry point.
   std::vector<EntryRequirement> requirements;
+  // Attention only: the numeric check's reference translation unit
+  // (GeneratedSource::reference_source; compiler/numeric_check.h).
+  std::string reference_source;
 };
+
+// Every kernel template file (kernels/), as NVRTC headers by name.
+const std::map<std::string, std::string>& TemplateHeaders();
 
 // Generates the source, compiles it with `compiler` by `deadline`, and
 // builds the record (entry points with launch facts and the compiler's

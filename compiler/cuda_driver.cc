@@ -6,7 +6,14 @@
 #include <cuda.h>
 #include <dlfcn.h>
 
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <type_traits>
 #include <utility>
+
+#include "kernels/attention_params.h"
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -34,6 +41,14 @@ struct CudaDriverApi {
   decltype(&::cuModuleGetFunction) ModuleGetFunction;
   decltype(&::cuFuncGetAttribute) FuncGetAttribute;
   decltype(&::cuFuncSetAttribute) FuncSetAttribute;
+  // The numeric check's runs (RunAttentionCheck).
+  decltype(&::cuMemAlloc) MemAlloc;
+  decltype(&::cuMemFree) MemFree;
+  decltype(&::cuMemcpyHtoD) MemcpyHtoD;
+  decltype(&::cuMemcpyDtoH) MemcpyDtoH;
+  decltype(&::cuMemsetD8) MemsetD8;
+  decltype(&::cuLaunchKernel) LaunchKernel;
+  decltype(&::cuCtxSynchronize) CtxSynchronize;
 };
 
 struct CudaDevices::Device {
@@ -158,6 +173,13 @@ std::unique_ptr<CudaDevices> CudaDevices::Open(const std::string& library_path) 
   symbols.Resolve(api->ModuleGetFunction, "cuModuleGetFunction");
   symbols.Resolve(api->FuncGetAttribute, "cuFuncGetAttribute");
   symbols.Resolve(api->FuncSetAttribute, "cuFuncSetAttribute");
+  symbols.Resolve(api->MemAlloc, "cuMemAlloc_v2");
+  symbols.Resolve(api->MemFree, "cuMemFree_v2");
+  symbols.Resolve(api->MemcpyHtoD, "cuMemcpyHtoD_v2");
+  symbols.Resolve(api->MemcpyDtoH, "cuMemcpyDtoH_v2");
+  symbols.Resolve(api->MemsetD8, "cuMemsetD8_v2");
+  symbols.Resolve(api->LaunchKernel, "cuLaunchKernel");
+  symbols.Resolve(api->CtxSynchronize, "cuCtxSynchronize");
   if (!symbols.missing().empty()) {
     // Not dlclose'd: a driver library is never unloaded.
     return compile_only(
@@ -293,6 +315,285 @@ absl::StatusOr<VerifyResult> CudaDevices::Verify(int ordinal, absl::string_view 
     result.entries.push_back(std::move(r));
   }
   return result;
+}
+
+
+namespace {
+
+// float -> bf16 / fp16 bits, round to nearest even (finite inputs in [-4, 4]).
+uint16_t ToBf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+uint16_t ToHalf(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  const uint32_t sign = (u >> 16) & 0x8000u;
+  const float a = std::fabs(f);
+  if (a < 6.103515625e-05f) {  // subnormal half: in units of 2^-24
+    return static_cast<uint16_t>(sign | static_cast<uint32_t>(std::nearbyint(a * 16777216.0f)));
+  }
+  std::memcpy(&u, &a, 4);
+  int e = static_cast<int>(u >> 23) - 127 + 15;
+  uint32_t m = u & 0x7fffffu;
+  uint32_t r = m >> 13;
+  const uint32_t rem = m & 0x1fffu;
+  if (rem > 0x1000u || (rem == 0x1000u && (r & 1u))) ++r;
+  if (r == 0x400u) {
+    r = 0;
+    ++e;
+  }
+  return static_cast<uint16_t>(sign | (static_cast<uint32_t>(e) << 10) | r);
+}
+float FromBf16(uint16_t h) {
+  const uint32_t u = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+float FromHalf(uint16_t h) {
+  const uint32_t sign = (h & 0x8000u) ? 1u : 0u;
+  const int e = (h >> 10) & 0x1f;
+  const uint32_t m = h & 0x3ffu;
+  float v;
+  if (e == 0) {
+    v = std::ldexp(static_cast<float>(m), -24);
+  } else if (e == 31) {
+    v = m ? NAN : INFINITY;
+  } else {
+    v = std::ldexp(static_cast<float>(m | 0x400u), e - 25);
+  }
+  return sign ? -v : v;
+}
+
+}  // namespace
+
+absl::StatusOr<AttentionCheckDiff> CudaDevices::RunAttentionCheck(
+    int ordinal, const AttentionCheckKernel& k, absl::string_view cubin,
+    absl::string_view reference_cubin) {
+  if (!api_) return availability_;
+  if (ordinal < 0 || ordinal >= static_cast<int>(devices_.size())) {
+    return absl::InvalidArgumentError(absl::StrCat("ordinal: no device ", ordinal));
+  }
+  if (k.num_kv_heads <= 0 || k.num_q_heads % k.num_kv_heads != 0 || k.head_dim_qk <= 0 ||
+      k.head_dim_v <= 0 || k.forward.block_m <= 0 || k.forward.name.empty()) {
+    return absl::InvalidArgumentError("kernel: incomplete description");
+  }
+  if (k.buffers.size() > static_cast<size_t>(kMaxExprBuffers)) {
+    return absl::InvalidArgumentError("kernel: too many buffers");
+  }
+  const Device& dev = devices_[ordinal];
+  const CudaDriverApi& api = *api_;
+  ScopedContext ctx(api, dev.primary);
+  if (!ctx.status().ok()) return ctx.status();
+
+  // Everything allocated or loaded is released on every path.
+  struct Holder {
+    const CudaDriverApi& api;
+    std::vector<CUdeviceptr> mem;
+    std::vector<CUmodule> modules;
+    ~Holder() {
+      for (CUdeviceptr p : mem) api.MemFree(p);
+      for (CUmodule m : modules) api.ModuleUnload(m);
+    }
+  } hold{api, {}, {}};
+  const auto upload = [&](const void* data, size_t bytes) -> absl::StatusOr<CUdeviceptr> {
+    CUdeviceptr p = 0;
+    absl::Status s = CuStatus(&api, api.MemAlloc(&p, bytes < 16 ? 16 : bytes), "cuMemAlloc");
+    if (!s.ok()) return s;
+    hold.mem.push_back(p);
+    if (data != nullptr) {
+      s = CuStatus(&api, api.MemcpyHtoD(p, data, bytes), "cuMemcpyHtoD");
+    } else {
+      s = CuStatus(&api, api.MemsetD8(p, 0, bytes < 16 ? 16 : bytes), "cuMemsetD8");
+    }
+    if (!s.ok()) return s;
+    return p;
+  };
+  const auto function = [&](absl::string_view image, const std::string& name,
+                            int smem) -> absl::StatusOr<CUfunction> {
+    CUmodule m = nullptr;
+    absl::Status s = CuStatus(&api, api.ModuleLoadData(&m, image.data()), "cuModuleLoadData");
+    if (!s.ok()) return s;
+    hold.modules.push_back(m);
+    CUfunction fn = nullptr;
+    s = CuStatus(&api, api.ModuleGetFunction(&fn, m, name.c_str()),
+                 absl::StrCat("cuModuleGetFunction(\"", name, "\")"));
+    if (s.ok() && smem > 48 * 1024) {
+      s = CuStatus(&api,
+                   api.FuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem),
+                   "cuFuncSetAttribute");
+    }
+    if (!s.ok()) return s;
+    return fn;
+  };
+
+  // Shapes: batch 2, odd lengths over several tiles; the drafter's q_len is
+  // N blocks, its keys the context then the blocks.
+  const int B = 2, Hq = k.num_q_heads, Hkv = k.num_kv_heads;
+  const int dqk = k.head_dim_qk, dv = k.head_dim_v;
+  int Lq = 173, Lkv = 211, S = 0, N = 0;
+  if (k.mask == KC_MASK_DRAFTER) {
+    const int blk = k.drafter_block > 0 ? k.drafter_block : 16;
+    N = (160 + blk - 1) / blk;
+    S = 150;
+    Lq = N * blk;
+    Lkv = S + Lq;
+  }
+  std::mt19937 rng(0x6b63u);
+  std::uniform_real_distribution<float> uni(-1.f, 1.f);
+  const auto elems = [&](size_t n, float scale) {
+    std::vector<uint16_t> v(n);
+    for (auto& x : v) x = k.bf16 ? ToBf16(uni(rng) * scale) : ToHalf(uni(rng) * scale);
+    return v;
+  };
+  const auto hq = elems(static_cast<size_t>(B) * Hq * Lq * dqk, 2.f);
+  const auto hk = elems(static_cast<size_t>(B) * Hkv * Lkv * dqk, 2.f);
+  const auto hv = elems(static_cast<size_t>(B) * Hkv * Lkv * dv, 1.f);
+
+  kcache::AttentionParams p{};
+  const auto set = [](auto& field, absl::StatusOr<CUdeviceptr> ptr) -> absl::Status {
+    if (!ptr.ok()) return ptr.status();
+    field = reinterpret_cast<std::remove_reference_t<decltype(field)>>(*ptr);
+    return absl::OkStatus();
+  };
+  absl::Status s;
+  const auto chain = [&](absl::Status st) {
+    if (s.ok()) s = std::move(st);
+  };
+  chain(set(p.q, upload(hq.data(), hq.size() * 2)));
+  chain(set(p.k, upload(hk.data(), hk.size() * 2)));
+  chain(set(p.v, upload(hv.data(), hv.size() * 2)));
+  const size_t n_o = static_cast<size_t>(B) * Hq * Lq * dv;
+  chain(set(p.o, upload(nullptr, n_o * 2)));
+  chain(set(p.lse, upload(nullptr, static_cast<size_t>(B) * Hq * Lq * 4)));
+  p.q_stride_s = dqk, p.q_stride_h = static_cast<kc_i64>(Lq) * dqk, p.q_stride_b = p.q_stride_h * Hq;
+  p.k_stride_s = dqk, p.k_stride_h = static_cast<kc_i64>(Lkv) * dqk,
+  p.k_stride_b = p.k_stride_h * Hkv;
+  p.v_stride_s = dv, p.v_stride_h = static_cast<kc_i64>(Lkv) * dv, p.v_stride_b = p.v_stride_h * Hkv;
+  p.o_stride_s = dv, p.o_stride_h = static_cast<kc_i64>(Lq) * dv, p.o_stride_b = p.o_stride_h * Hq;
+  p.lse_stride_h = Lq, p.lse_stride_b = static_cast<kc_i64>(Lq) * Hq;
+  p.batch = B, p.num_q_heads = Hq, p.num_kv_heads = Hkv, p.q_len = Lq, p.kv_len = Lkv;
+  // Mask inputs: document ids in runs, drafter anchors (some blocks dropped),
+  // ALiBi slopes, expression buffers.
+  std::vector<int32_t> qid(static_cast<size_t>(B) * Lq), kvid(static_cast<size_t>(B) * Lkv);
+  for (int b = 0; b < B; ++b) {
+    for (int i = 0; i < Lq; ++i) qid[b * Lq + i] = (i + 17 * b) / 37;
+    for (int i = 0; i < Lkv; ++i) kvid[b * Lkv + i] = (i + 17 * b) / 37;
+  }
+  chain(set(p.q_seq_id, upload(qid.data(), qid.size() * 4)));
+  chain(set(p.kv_seq_id, upload(kvid.data(), kvid.size() * 4)));
+  p.q_seq_id_stride_b = Lq, p.kv_seq_id_stride_b = Lkv;
+  if (N > 0) {
+    std::vector<int32_t> anc(static_cast<size_t>(B) * N);
+    std::vector<int8_t> keep(static_cast<size_t>(B) * N);
+    for (size_t i = 0; i < anc.size(); ++i) {
+      anc[i] = static_cast<int32_t>(rng() % static_cast<unsigned>(S + 1));
+      keep[i] = (rng() % 8u) != 0 ? 1 : 0;
+    }
+    chain(set(p.drafter_anchor, upload(anc.data(), anc.size() * 4)));
+    chain(set(p.drafter_keep, upload(keep.data(), keep.size())));
+    p.drafter_stride_b = N, p.drafter_context_len = S, p.drafter_num_blocks = N;
+  }
+  std::vector<float> slopes(static_cast<size_t>(Hq));
+  for (int h = 0; h < Hq; ++h) slopes[h] = 0.05f * static_cast<float>(h + 1) / static_cast<float>(Hq);
+  chain(set(p.alibi_slopes, upload(slopes.data(), slopes.size() * 4)));
+  for (size_t i = 0; i < k.buffers.size(); ++i) {
+    const int rank = k.buffers[i].rank < 1 ? 1 : (k.buffers[i].rank > 4 ? 4 : k.buffers[i].rank);
+    const int ext = rank == 1 ? 512 : rank == 2 ? 64 : rank == 3 ? 16 : 8;
+    size_t n = 1;
+    for (int d = 0; d < rank; ++d) n *= ext;
+    KcBuffer& kb = p.buffers[i];
+    kb.rank = rank;
+    for (int d = rank - 1; d >= 0; --d) {
+      kb.extent[d] = ext;
+      kb.stride[d] = d == rank - 1 ? 1 : kb.stride[d + 1] * ext;
+    }
+    absl::StatusOr<CUdeviceptr> ptr;
+    if (k.buffers[i].type == 2) {
+      std::vector<float> v(n);
+      for (auto& x : v) x = uni(rng) * 0.5f;
+      ptr = upload(v.data(), n * 4);
+    } else if (k.buffers[i].type == 3) {
+      std::vector<int8_t> v(n);
+      for (auto& x : v) x = static_cast<int8_t>(rng() & 1u);
+      ptr = upload(v.data(), n);
+    } else {
+      std::vector<int32_t> v(n);
+      for (auto& x : v) x = static_cast<int32_t>(rng() % static_cast<unsigned>(Lkv + 1));
+      ptr = upload(v.data(), n * 4);
+    }
+    if (!ptr.ok()) chain(ptr.status());
+    else kb.ptr = reinterpret_cast<const void*>(*ptr);
+  }
+  if (!s.ok()) return s;
+
+  const auto launch = [&](CUfunction fn, int gx, int threads, int smem,
+                          kcache::AttentionParams* params, const char* what) {
+    void* args[] = {params};
+    absl::Status st = CuStatus(&api,
+                               api.LaunchKernel(fn, static_cast<unsigned>(gx),
+                                                static_cast<unsigned>(Hq), B,
+                                                static_cast<unsigned>(threads), 1, 1,
+                                                static_cast<unsigned>(smem), nullptr, args, nullptr),
+                               absl::StrCat("cuLaunchKernel(", what, ")"));
+    if (st.ok()) st = CuStatus(&api, api.CtxSynchronize(), absl::StrCat("run of ", what));
+    return st;
+  };
+  // The kernel: tile classes first for an expression mask.
+  if (!k.mask_build.name.empty()) {
+    const int bm = k.mask_build.block_m, bn = k.mask_build.block_n;
+    if (bm <= 0 || bn <= 0) return absl::InvalidArgumentError("kernel: mask build without tiles");
+    const int mt = (Lq + bm - 1) / bm, nt = (Lkv + bn - 1) / bn;
+    chain(set(p.tile_class, upload(nullptr, static_cast<size_t>(B) * Hq * mt * nt)));
+    p.tile_class_stride_m = nt, p.tile_class_stride_h = static_cast<kc_i64>(mt) * nt,
+    p.tile_class_stride_b = p.tile_class_stride_h * Hq;
+    auto mb = function(cubin, k.mask_build.name, 0);
+    if (!mb.ok()) return mb.status();
+    chain(launch(*mb, mt, k.mask_build.threads, 0, &p, k.mask_build.name.c_str()));
+  }
+  auto fwd = function(cubin, k.forward.name, k.forward.dynamic_smem_bytes);
+  if (!fwd.ok()) return fwd.status();
+  chain(launch(*fwd, (Lq + k.forward.block_m - 1) / k.forward.block_m, k.forward.threads,
+               k.forward.dynamic_smem_bytes, &p, k.forward.name.c_str()));
+  if (!s.ok()) return s;
+  std::vector<uint16_t> o(n_o);
+  s = CuStatus(&api, api.MemcpyDtoH(o.data(), reinterpret_cast<CUdeviceptr>(p.o), n_o * 2),
+               "cuMemcpyDtoH");
+  if (!s.ok()) return s;
+
+  // The reference: fp32 O into its own buffer.
+  kcache::AttentionParams rp = p;
+  chain(set(rp.o, upload(nullptr, n_o * 4)));
+  chain(set(rp.lse, upload(nullptr, static_cast<size_t>(B) * Hq * Lq * 4)));
+  auto ref = function(reference_cubin, "kcache_attn_ref_fwd", 0);
+  if (!ref.ok()) return ref.status();
+  chain(launch(*ref, (Lq + 127) / 128, 128, 0, &rp, "kcache_attn_ref_fwd"));
+  if (!s.ok()) return s;
+  std::vector<float> r(n_o);
+  s = CuStatus(&api, api.MemcpyDtoH(r.data(), reinterpret_cast<CUdeviceptr>(rp.o), n_o * 4),
+               "cuMemcpyDtoH");
+  if (!s.ok()) return s;
+
+  AttentionCheckDiff diff;
+  diff.device = dev.info.name;
+  double num = 0, den = 0;
+  for (size_t i = 0; i < n_o; ++i) {
+    const double a = k.bf16 ? FromBf16(o[i]) : FromHalf(o[i]);
+    const double d = a - static_cast<double>(r[i]);
+    if (std::isnan(a)) {
+      diff.rel_l2 = NAN;
+      diff.max_abs = NAN;
+      return diff;
+    }
+    num += d * d;
+    den += static_cast<double>(r[i]) * r[i];
+    diff.max_abs = std::max(diff.max_abs, std::fabs(d));
+  }
+  diff.rel_l2 = den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+  return diff;
 }
 
 }  // namespace kcache

@@ -62,6 +62,35 @@ struct VerifyResult {
   std::vector<EntryResources> entries;  // in the order requested
 };
 
+// The numeric check's run (issue 28; compiler/numeric_check.h), described
+// without protobuf so that it stays in the runtime library: an attention
+// forward kernel and its reference kernel (kcache_attn_ref_fwd, one thread
+// per row, kernels/attention_ref.cuh) run on the same small random inputs.
+struct AttentionCheckKernel {
+  bool bf16 = true;  // else fp16
+  int head_dim_qk = 0, head_dim_v = 0;
+  int num_q_heads = 0, num_kv_heads = 0;
+  int mask = 0;           // KC_MASK_* (kernels/attention_params.h)
+  int score = 0;          // KC_SCORE_*
+  int drafter_block = 0;  // KC_MASK_DRAFTER
+  struct Buffer {
+    int type = 1;  // 1 int32, 2 float32, 3 bool (v1::ElemType numbering)
+    int rank = 1;
+  };
+  std::vector<Buffer> buffers;  // expression buffers, by slot
+  struct Entry {
+    std::string name;
+    int threads = 0, dynamic_smem_bytes = 0, block_m = 0, block_n = 0;
+  };
+  Entry forward;
+  Entry mask_build;  // name empty unless the mask is an expression
+};
+struct AttentionCheckDiff {
+  double rel_l2 = 0;   // ||O - O_ref|| / ||O_ref||; NaN when O has a NaN
+  double max_abs = 0;  // worst |O - O_ref|
+  std::string device;
+};
+
 // Thread-safe: implementations must allow concurrent calls from any thread.
 class Devices {
  public:
@@ -106,6 +135,15 @@ class CudaDevices final : public Devices {
   absl::StatusOr<VerifyResult> Verify(int ordinal, absl::string_view arch,
                                       absl::string_view cubin,
                                       const std::vector<EntryRequirement>& entries) override;
+
+  // Runs `kernel` (from `cubin`) and the reference (from `reference_cubin`)
+  // on device `ordinal` on the same random inputs (batch 2, odd lengths
+  // spanning several tiles; mask inputs and expression buffers filled) and
+  // compares O. Errors as Verify's; Unavailable in compile-only mode.
+  absl::StatusOr<AttentionCheckDiff> RunAttentionCheck(int ordinal,
+                                                       const AttentionCheckKernel& kernel,
+                                                       absl::string_view cubin,
+                                                       absl::string_view reference_cubin);
 
   // The driver's version as cuDriverGetVersion reports it (13000 = 13.0);
   // 0 in compile-only mode.

@@ -6,6 +6,7 @@
 //
 //   kcache-compile SPEC.json|- [--arch=sm_90a] [--out=FILE.cubin]
 //                  [--record=FILE.json] [--nvrtc=PATH] [--source=FILE.cu]
+//                  [--source-only]
 //
 // Exit codes: 0 compiled; 1 the spec or the compile failed (the message
 // names the field, or carries NVRTC's log); 2 usage error.
@@ -29,12 +30,13 @@ namespace {
 
 constexpr char kUsage[] =
     "usage: kcache-compile SPEC.json|- [--arch=sm_90a] [--out=FILE.cubin] [--record=FILE.json]\n"
-    "                      [--nvrtc=PATH] [--source=FILE.cu]\n"
+    "                      [--nvrtc=PATH] [--source=FILE.cu] [--source-only]\n"
     "Compiles one attention spec (JSON of kcache.v1.AttentionSpec) with NVRTC, in process.\n"
     "  --arch     sm_80, sm_86, sm_89, sm_90 or sm_90a (default sm_90a)\n"
     "  --out      write the cubin here\n"
     "  --record   write the KernelRecord (JSON) here\n"
     "  --source   write the generated CUDA translation unit here\n"
+    "  --source-only  with --source: stop after writing it (no NVRTC compile)\n"
     "  --nvrtc    path of libnvrtc (default: the usual places)\n"
     "Exit codes: 0 compiled, 1 spec or compile failed, 2 usage error.\n";
 
@@ -61,6 +63,7 @@ bool WriteFile(const std::string& path, std::string_view data) {
 
 int main(int argc, char** argv) {
   std::string spec_path, arch = "sm_90a", out_path, record_path, nvrtc_path, source_path;
+  bool source_only = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto value = [&](const std::string& flag, std::string* dst) {
@@ -71,6 +74,10 @@ int main(int argc, char** argv) {
     if (a == "--help" || a == "-h") {
       std::cout << kUsage;
       return 0;
+    }
+    if (a == "--source-only") {
+      source_only = true;
+      continue;
     }
     if (value("--arch=", &arch) || value("--out=", &out_path) || value("--record=", &record_path) ||
         value("--nvrtc=", &nvrtc_path) || value("--source=", &source_path)) {
@@ -113,6 +120,15 @@ int main(int argc, char** argv) {
       std::cerr << "kcache-compile: cannot write " << source_path << "\n";
       return 1;
     }
+    if (source_only) {
+      if (!gen.ok()) {
+        std::cerr << "kcache-compile: " << gen.status().message() << "\n";
+        return 1;
+      }
+      return 0;
+    }
+  } else if (source_only) {
+    return Usage("--source-only needs --source=FILE.cu");
   }
   kcache::InProcessCompiler compiler(&nvrtc);
   auto build = kcache::BuildAttention(*id, *toolchain, compiler, absl::InfiniteFuture());

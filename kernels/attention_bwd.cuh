@@ -841,7 +841,8 @@ extern "C" __global__ void __launch_bounds__(KC_BWD_NUM_WARPS * 32, 256 / (KC_BW
       const int hh = e / n_q_tiles, qt = e % n_q_tiles;
       int c = 1;
       if (p.tile_class != nullptr) {
-        c = p.tile_class[b * p.tile_class_stride_b + (hkv * group + hh) * p.tile_class_stride_h +
+        c = p.tile_class[(KC_EXPR_MASK_READS_B ? b : 0) * p.tile_class_stride_b +
+                         (KC_EXPR_MASK_READS_H ? hkv * group + hh : 0) * p.tile_class_stride_h +
                          qt * p.tile_class_stride_m + ktile];
         c = c < 0 || c > 2 ? 1 : c;
       }
@@ -1596,7 +1597,8 @@ extern "C" __global__ void __launch_bounds__(KC_BWD_NUM_WARPS * 32, 256 / (KC_BW
         if (qt64 * kBM >= q_len) break;
         int c = 1;
         if (p.tile_class != nullptr) {
-          c = p.tile_class[b * p.tile_class_stride_b + h * p.tile_class_stride_h +
+          c = p.tile_class[(KC_EXPR_MASK_READS_B ? b : 0) * p.tile_class_stride_b +
+                           (KC_EXPR_MASK_READS_H ? h : 0) * p.tile_class_stride_h +
                            qt64 * p.tile_class_stride_m + (t * kDqKeys) / kBN];
           c = c < 0 || c > 2 ? 1 : c;
         }

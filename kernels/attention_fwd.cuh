@@ -46,6 +46,21 @@ static_assert(kcache::AttentionTilesLegal(
                   KC_ARCH, KC_HEAD_DIM_QK, KC_HEAD_DIM_V),
               "illegal tile configuration for this architecture and head dims");
 
+// Expression masks: what the generated code says of its predicate
+// (compiler/attention/expr_lower.cc); a prelude without it reads b and h and
+// has no interval evaluation.
+#if KC_MASK == KC_MASK_EXPR
+#ifndef KC_EXPR_MASK_READS_B
+#define KC_EXPR_MASK_READS_B 1
+#endif
+#ifndef KC_EXPR_MASK_READS_H
+#define KC_EXPR_MASK_READS_H 1
+#endif
+#ifndef KC_EXPR_MASK_TILE
+#define KC_EXPR_MASK_TILE 0
+#endif
+#endif
+
 namespace kcache {
 namespace attn_fwd {
 
@@ -652,7 +667,8 @@ extern "C" __global__ void __launch_bounds__(KC_NUM_WARPS * 32)
   if (use_list) {
     const kc_i8* row = p.tile_class == nullptr
                            ? nullptr
-                           : p.tile_class + b * p.tile_class_stride_b + h * p.tile_class_stride_h +
+                           : p.tile_class + (KC_EXPR_MASK_READS_B ? b : 0) * p.tile_class_stride_b +
+                                 (KC_EXPR_MASK_READS_H ? h : 0) * p.tile_class_stride_h +
                                  mtile * p.tile_class_stride_m;
     for (int t = tid; t < n_kv_tiles; t += kThreads) {
       const int c = row == nullptr ? 1 : static_cast<int>(row[t]);
@@ -1269,33 +1285,53 @@ namespace kcache {
 namespace attn_fwd {
 // Tile classification for expression masks: for each (batch, head, query
 // tile of BM rows) writes one byte per key tile of BN into p.tile_class (0
-// empty, 1 partial, 2 full) by evaluating kc_expr_mask on every in-range
-// (q, kv) pair. Rows past q_len and keys past kv_len are ignored (the
-// kernels bound them themselves). Grid (ceil(q_len / BM), num_q_heads,
-// batch), 128 threads. The backward's tiles use it too.
+// empty, 1 partial, 2 full). Rows past q_len and keys past kv_len are
+// ignored (the kernels bound them themselves). Grid (ceil(q_len / BM),
+// num_q_heads, batch), 128 threads; the backward's tiles use it too.
+//
+// Cost (issue 28): a mask that does not read h (b) is classified for
+// h = 0 (b = 0) only and every reader takes that row (KC_EXPR_MASK_READS_*;
+// the other CTAs return at once). Each warp takes one key tile at a time:
+// the generated interval evaluation kc_expr_mask_tile settles most tiles
+// (empty or full) in one evaluation over the whole tile; only tiles it
+// cannot settle evaluate kc_expr_mask per element, 32 at a time, and stop
+// as soon as the tile is seen to be partial.
 template <int BM, int BN>
 __device__ __forceinline__ void classify_expr_tiles(const AttentionParams& p) {
   const int mtile = blockIdx.x;
   const int h = blockIdx.y;
   const int b = blockIdx.z;
+  if ((!KC_EXPR_MASK_READS_H && h != 0) || (!KC_EXPR_MASK_READS_B && b != 0)) return;
   const int m0 = mtile * BM;
+  const int m1 = imin(m0 + BM, p.q_len) - 1;
   const int n_kv_tiles = (p.kv_len + BN - 1) / BN;
   kc_i8* row = p.tile_class + b * p.tile_class_stride_b + h * p.tile_class_stride_h +
                mtile * p.tile_class_stride_m;
-  for (int t = 0; t < n_kv_tiles; ++t) {
-    int any = 0, all = 1;
-    for (int e = threadIdx.x; e < BM * BN; e += 128) {
-      const int q = m0 + e / BN;
-      const int kv = t * BN + e % BN;
-      if (q < p.q_len && kv < p.kv_len) {
-        const bool v = kc_expr_mask(b, h, q, kv, p);
-        any |= v ? 1 : 0;
-        all &= v ? 1 : 0;
+  const int warp = static_cast<int>(threadIdx.x) >> 5;
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  for (int t = warp; t < n_kv_tiles; t += 4) {
+    const int n0 = t * BN;
+    const int n1 = imin(n0 + BN, p.kv_len) - 1;
+#if KC_EXPR_MASK_TILE
+    int c = kc_expr_mask_tile(b, h, m0, m1, n0, n1, p);
+#else
+    int c = 1;
+#endif
+    if (c == 1) {
+      const int cols = n1 - n0 + 1;
+      const int n = (m1 - m0 + 1) * cols;
+      bool any = false, all = true;
+      for (int e0 = 0; e0 < n; e0 += 32) {
+        const int e = e0 + lane;
+        const bool in = e < n;
+        const bool v = in && kc_expr_mask(b, h, m0 + e / cols, n0 + e % cols, p);
+        any = any || __any_sync(0xffffffffu, v);
+        all = all && __all_sync(0xffffffffu, !in || v);
+        if (any && !all) break;  // warp-uniform
       }
+      c = any ? (all ? 2 : 1) : 0;
     }
-    any = __syncthreads_or(any);
-    all = __syncthreads_and(all);
-    if (threadIdx.x == 0) row[t] = static_cast<kc_i8>(any ? (all ? 2 : 1) : 0);
+    if (lane == 0) row[t] = static_cast<kc_i8>(c);
   }
 }
 }  // namespace attn_fwd

@@ -47,6 +47,7 @@ struct Daemon::Impl {
   std::unique_ptr<Nvrtc> nvrtc;
   std::unique_ptr<NvJitLink> nvjitlink;  // only with enable_raw_kernels
   std::unique_ptr<CudaDevices> devices;
+  std::unique_ptr<CudaNumericRunner> numeric;  // the numeric check before serve
   std::unique_ptr<WorkerPool> workers;
   std::unique_ptr<Scheduler> scheduler;
   std::unique_ptr<KernelBackend> backend;
@@ -309,6 +310,10 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const v1::DaemonConfig& co
   deps.scheduler = d->scheduler.get();
   deps.compiler = d->workers.get();
   deps.devices = d->devices.get();
+  if (d->devices->Availability().ok()) {
+    d->numeric = std::make_unique<CudaNumericRunner>(d->devices.get());
+    deps.numeric_runner = d->numeric.get();
+  }
   deps.toolchain = toolchain;
   deps.toolchain_status = toolchain_status;
   deps.raw_toolchain = raw_toolchain;

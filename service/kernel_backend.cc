@@ -1,6 +1,7 @@
 #include "service/kernel_backend.h"
 
 #include <algorithm>
+#include <iostream>
 
 #include "absl/hash/hash.h"
 #include "absl/status/status.h"
@@ -32,6 +33,12 @@ KernelBackend::KernelBackend(BackendDeps deps) : deps_(std::move(deps)) {
   compiles_ = m.GetCounter("kcache_compiles_total", "Compiles run (successful or not)");
   compile_failures_ = m.GetCounter("kcache_compile_failures_total", "Compiles that failed");
   invalid_ = m.GetCounter("kcache_invalid_requests_total", "Requests refused as invalid");
+  numeric_failures_ = m.GetCounter("kcache_numeric_check_failures_total",
+                                   "Kernels refused by the numeric check before serve");
+  numeric_check_seconds_ =
+      m.GetHistogram("kcache_numeric_check_seconds",
+                     "Numeric check per new kernel (reference compile, runs, comparison)",
+                     {0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 16});
   compile_seconds_ = m.GetHistogram("kcache_compile_seconds", "Compile + verify + publish time",
                                     {0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32, 64, 128});
 }
@@ -129,6 +136,22 @@ CompileResult KernelBackend::Compile(const ResolvedRequest& r, absl::Time compil
           absl::StrCat("verification on device ", r.device, " failed: ", v.status().message())));
     }
     ApplyVerification(*v, *build);
+    if (r.raw == nullptr && deps_.numeric_runner != nullptr) {
+      auto check = CheckAttentionNumerics(*build, *deps_.compiler, *deps_.numeric_runner, r.device,
+                                          compile_deadline);
+      if (!check.ok()) {
+        // Not published: every waiter gets this error, and the next request
+        // for the key compiles again.
+        numeric_failures_->Inc();
+        std::cerr << "kcached: " << check.status().message() << "\n";
+        return fail(check.status());
+      }
+      numeric_check_seconds_->Observe(check->check_time_us() / 1e6);
+      *build->record.mutable_numeric_check() = *std::move(check);
+    }
+  }
+  if (build->record.numeric_check().state() != v1::NUMERIC_CHECK_PASSED) {
+    build->record.mutable_numeric_check()->set_state(v1::NUMERIC_CHECK_UNCHECKED);
   }
   auto entry = deps_.store->Publish(std::move(build->record), std::move(build->cubin));
   if (!entry.ok()) return fail(entry.status());

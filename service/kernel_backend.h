@@ -18,6 +18,7 @@
 #include "compiler/attention_compile.h"
 #include "compiler/compile.h"
 #include "compiler/cuda_driver.h"
+#include "compiler/numeric_check.h"
 #include "compiler/raw_kernel.h"
 #include "compiler/scheduler.h"
 #include "kcache/v1/daemon_config.pb.h"
@@ -31,6 +32,9 @@ struct BackendDeps {
   Scheduler* scheduler = nullptr;
   Compiler* compiler = nullptr;
   Devices* devices = nullptr;  // null or unavailable: compile-only mode
+  // Runs the numeric check before serve (compiler/numeric_check.h) on the
+  // verifying device; null: attention kernels are published "unchecked".
+  NumericRunner* numeric_runner = nullptr;
   v1::Toolchain toolchain;     // id filled
   // Not OK when NVRTC could not be loaded: kernel requests answer with it.
   absl::Status toolchain_status;
@@ -111,6 +115,8 @@ class KernelBackend {
   Counter* compile_failures_;
   Counter* invalid_;
   Histogram* compile_seconds_;
+  Counter* numeric_failures_;
+  Histogram* numeric_check_seconds_;
 };
 
 }  // namespace kcache

@@ -4,6 +4,7 @@
 #include "compiler/attention/codegen.h"
 
 #include <algorithm>
+#include <atomic>
 
 #include "absl/strings/str_cat.h"
 #include "compiler/attention/expr_lower.h"
@@ -17,6 +18,8 @@ namespace {
 
 constexpr absl::string_view kParamsHeader = "attention_params.h";
 constexpr absl::string_view kForwardHeader = "attention_fwd.cuh";
+constexpr absl::string_view kReferenceHeader = "attention_ref.cuh";
+std::atomic<bool> g_wrong_kernel_fault{false};
 constexpr absl::string_view kBackwardHeader = "attention_bwd.cuh";
 
 int MaskKind(const v1::MaskSpec& m) {
@@ -133,6 +136,10 @@ absl::StatusOr<AttentionBwdTiles> ChooseAttentionBwdTiles(const v1::AttentionSpe
   return t;
 }
 
+void SetWrongKernelFaultForTesting(bool on) {
+  g_wrong_kernel_fault.store(on, std::memory_order_relaxed);
+}
+
 absl::StatusOr<GeneratedSource> GenerateAttentionSource(const v1::AttentionSpec& input,
                                                         absl::string_view arch_name) {
   absl::StatusOr<AttentionArch> arch = ParseAttentionArch(arch_name);
@@ -218,12 +225,22 @@ absl::StatusOr<GeneratedSource> GenerateAttentionSource(const v1::AttentionSpec&
   }
   absl::StrAppend(&src, "#include \"", kParamsHeader, "\"\n");
   src += *functions;
+  std::string reference = absl::StrCat(src, "#include \"", kReferenceHeader, "\"\n");
   absl::StrAppend(&src, "#include \"", kForwardHeader, "\"\n");
   if (backward) absl::StrAppend(&src, "#include \"", kBackwardHeader, "\"\n");
+  if (g_wrong_kernel_fault.load(std::memory_order_relaxed)) {
+    const std::string right = absl::StrCat("#define KC_SOFTMAX_SCALE ", HexFloatLiteral(scale));
+    const size_t at = src.find(right);
+    if (at != std::string::npos) {
+      src.replace(at, right.size(),
+                  absl::StrCat("#define KC_SOFTMAX_SCALE ", HexFloatLiteral(scale * 1.25f)));
+    }
+  }
 
   GeneratedSource out;
   out.program_name = "kcache_attention.cu";
   out.source = std::move(src);
+  out.reference_source = std::move(reference);
   out.headers = std::move(headers);
   out.tiles = *tiles;
   out.bwd_tiles = bwd;

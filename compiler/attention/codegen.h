@@ -3,7 +3,7 @@
 // prelude of KC_* macros, generated device functions for expression masks
 // and score modifications, then #includes of the kernel templates, which the
 // caller hands to NVRTC as named headers (kcache::kernels::TemplateFiles()).
-// Thread-safe (pure functions).
+// Thread-safe (pure functions, apart from the test-only fault switch).
 #pragma once
 
 #include <string>
@@ -53,7 +53,19 @@ struct GeneratedSource {
   AttentionTiles tiles{};
   AttentionBwdTiles bwd_tiles{};  // all zero without backward
   AttentionArch arch;
+  // The numeric check's reference (issue 28): the same prelude and
+  // generated functions, then kernels/attention_ref.cuh instead of the
+  // attention templates; entry point kcache_attn_ref_fwd (128 threads, grid
+  // (ceil(q_len / 128), num_q_heads, batch)). Never served.
+  std::string reference_source;
 };
+
+// Test-only fault injection (issue 28): while set, GenerateAttentionSource
+// emits a wrong kernel on purpose (KC_SOFTMAX_SCALE off by 25 % in `source`
+// only; `reference_source` stays right), so that tests can show the numeric
+// check refusing it. No shipped binary calls this; off by default.
+// Thread-safe (an atomic).
+void SetWrongKernelFaultForTesting(bool on);
 
 // `normalized` should come from NormalizeAttentionSpec of a spec that passed
 // ValidateAttentionSpec; as a backstop it is validated (InvalidArgument

@@ -3,6 +3,7 @@
 // is flat however deep the tree is.
 #include "compiler/attention/expr_lower.h"
 
+#include <algorithm>
 #include <climits>
 #include <cmath>
 #include <cstdio>
@@ -80,8 +81,10 @@ class Lowerer {
       case v1::Expr::kIndex:
         switch (e.index()) {
           case v1::INDEX_VAR_B:
+            reads_b_ = true;
             return Value{"b", ExprType::kInt};
           case v1::INDEX_VAR_H:
+            reads_h_ = true;
             return Value{"h", ExprType::kInt};
           case v1::INDEX_VAR_Q_IDX:
             return Value{"q_idx", ExprType::kInt};
@@ -128,6 +131,11 @@ class Lowerer {
 
   const std::string& body() const { return body_; }
   bool uses_imod() const { return uses_imod_; }
+  bool uses_ifloordiv() const { return uses_ifloordiv_; }
+  // Whether the tree reads the batch / head index anywhere (tile classes
+  // of a mask that does not are shared across batch / heads).
+  bool reads_b() const { return reads_b_; }
+  bool reads_h() const { return reads_h_; }
   // One entry per temporary: tape()[N] describes tN.
   const std::vector<TapeNode>& tape() const { return tape_; }
 
@@ -230,6 +238,12 @@ class Lowerer {
           return Emit(t, absl::StrCat("kc_imod(", a->text, ", ", b->text, ")"));
         }
         break;
+      case Op::OP_FLOORDIV:
+        if (t == ExprType::kInt) {
+          uses_ifloordiv_ = true;
+          return Emit(t, absl::StrCat("kc_ifloordiv(", a->text, ", ", b->text, ")"));
+        }
+        break;
       case Op::OP_MIN:
         if (t == ExprType::kInt) {
           return Emit(t, absl::StrCat(a->text, " < ", b->text, " ? ", a->text, " : ", b->text));
@@ -298,7 +312,283 @@ class Lowerer {
   std::string body_;
   std::vector<TapeNode> tape_;
   bool uses_imod_ = false;
+  bool uses_ifloordiv_ = false;
+  bool reads_b_ = false;
+  bool reads_h_ = false;
 };
+
+// Interval lowering of a mask predicate for kc_expr_mask_tile: the same
+// tree evaluated over a whole tile (q_idx in [q0, q1], kv_idx in [kv0, kv1],
+// b and h fixed). Ints become kc_ir intervals, bools kc_br (may be true,
+// may be false), floats are not tracked (a comparison of floats may be
+// either). Every rule is sound: the value at any pair of the tile lies in
+// the interval, so "cannot be false" means the tile is fully visible and
+// "cannot be true" that it is empty; anything else is left to the
+// per-element evaluation.
+class RangeLowerer {
+ public:
+  explicit RangeLowerer(const ExprBufferTable* buffers) : buffers_(buffers) {}
+
+  absl::StatusOr<Value> Lower(const v1::Expr& e) {
+    switch (e.node_case()) {
+      case v1::Expr::kIndex:
+        switch (e.index()) {
+          case v1::INDEX_VAR_B:
+            return Emit(ExprType::kInt, "kc_ir_c(b)");
+          case v1::INDEX_VAR_H:
+            return Emit(ExprType::kInt, "kc_ir_c(h)");
+          case v1::INDEX_VAR_Q_IDX:
+            return Emit(ExprType::kInt, "kc_ir{q0, q1}");
+          case v1::INDEX_VAR_KV_IDX:
+            return Emit(ExprType::kInt, "kc_ir{kv0, kv1}");
+          default:
+            return Bad();
+        }
+      case v1::Expr::kIntConst:
+        return Emit(ExprType::kInt, absl::StrCat("kc_ir_c(", IntLiteral(e.int_const()), ")"));
+      case v1::Expr::kFloatConst:
+      case v1::Expr::kScore:
+        return Float();
+      case v1::Expr::kBoolConst:
+        return Emit(ExprType::kBool, e.bool_const() ? "kc_br{true, false}" : "kc_br{false, true}");
+      case v1::Expr::kUnary: {
+        absl::StatusOr<Value> a = Lower(e.unary().arg());
+        if (!a.ok()) return a.status();
+        switch (e.unary().op()) {
+          case v1::UnaryExpr::OP_NEG:
+            if (a->type == ExprType::kInt) return Emit(a->type, Call("kc_ir_neg", *a));
+            return Float();
+          case v1::UnaryExpr::OP_ABS:
+            if (a->type == ExprType::kInt) return Emit(a->type, Call("kc_ir_abs", *a));
+            return Float();
+          case v1::UnaryExpr::OP_NOT:
+            return Emit(ExprType::kBool, absl::StrCat("kc_br{", a->text, ".f, ", a->text, ".t}"));
+          default:  // EXP, TANH, TO_FLOAT
+            return Float();
+        }
+      }
+      case v1::Expr::kBinary:
+        return LowerBinary(e.binary());
+      case v1::Expr::kSelect: {
+        absl::StatusOr<Value> c = Lower(e.select().cond());
+        if (!c.ok()) return c.status();
+        absl::StatusOr<Value> t = Lower(e.select().if_true());
+        if (!t.ok()) return t.status();
+        absl::StatusOr<Value> f = Lower(e.select().if_false());
+        if (!f.ok()) return f.status();
+        if (t->type == ExprType::kFloat) return Float();
+        return Emit(t->type, absl::StrCat(t->type == ExprType::kInt ? "kc_ir_sel(" : "kc_br_sel(",
+                                          c->text, ", ", t->text, ", ", f->text, ")"));
+      }
+      case v1::Expr::kRead:
+        return LowerRead(e.read());
+      default:
+        return Bad();
+    }
+  }
+
+  const std::string& body() const { return body_; }
+  // Slots whose range helper (kc_read_range_<slot>) the body calls.
+  const std::vector<int>& range_reads() const { return range_reads_; }
+
+ private:
+  static absl::Status Bad() {
+    return absl::InvalidArgumentError(
+        "mask expression does not type-check; validate the spec first");
+  }
+  static Value Float() { return Value{"", ExprType::kFloat}; }
+  static std::string Call(const char* f, const Value& a) {
+    return absl::StrCat(f, "(", a.text, ")");
+  }
+  static std::string Call(const char* f, const Value& a, const Value& b) {
+    return absl::StrCat(f, "(", a.text, ", ", b.text, ")");
+  }
+
+  Value Emit(ExprType type, const std::string& rhs) {
+    std::string name = absl::StrCat("r", n_++);
+    absl::StrAppend(&body_, "  const ", type == ExprType::kInt ? "kc_ir " : "kc_br ", name, " = ",
+                    rhs, ";\n");
+    return Value{name, type};
+  }
+
+  absl::StatusOr<Value> LowerBinary(const v1::BinaryExpr& bin) {
+    absl::StatusOr<Value> a = Lower(bin.lhs());
+    if (!a.ok()) return a.status();
+    absl::StatusOr<Value> b = Lower(bin.rhs());
+    if (!b.ok()) return b.status();
+    using Op = v1::BinaryExpr;
+    const bool is_int = a->type == ExprType::kInt;
+    const bool is_float = a->type == ExprType::kFloat;
+    const auto cmp = [&](const char* f) -> Value {
+      if (is_float) return Emit(ExprType::kBool, "kc_br{true, true}");
+      return Emit(ExprType::kBool, Call(f, *a, *b));
+    };
+    switch (bin.op()) {
+      case Op::OP_ADD:
+        return is_int ? Emit(ExprType::kInt, Call("kc_ir_add", *a, *b)) : Float();
+      case Op::OP_SUB:
+        return is_int ? Emit(ExprType::kInt, Call("kc_ir_sub", *a, *b)) : Float();
+      case Op::OP_MUL:
+        return is_int ? Emit(ExprType::kInt, Call("kc_ir_mul", *a, *b)) : Float();
+      case Op::OP_DIV:
+        return Float();
+      case Op::OP_MOD:
+        return Emit(ExprType::kInt, Call("kc_ir_mod", *a, *b));
+      case Op::OP_FLOORDIV:
+        return Emit(ExprType::kInt, Call("kc_ir_floordiv", *a, *b));
+      case Op::OP_MIN:
+        return is_int ? Emit(ExprType::kInt, Call("kc_ir_min", *a, *b)) : Float();
+      case Op::OP_MAX:
+        return is_int ? Emit(ExprType::kInt, Call("kc_ir_max", *a, *b)) : Float();
+      case Op::OP_EQ:
+        return cmp("kc_ir_eq");
+      case Op::OP_NE:
+        return cmp("kc_ir_ne");
+      case Op::OP_LT:
+        return cmp("kc_ir_lt");
+      case Op::OP_LE:
+        return cmp("kc_ir_le");
+      case Op::OP_GT:
+        if (is_float) return cmp("");
+        return Emit(ExprType::kBool, Call("kc_ir_lt", *b, *a));
+      case Op::OP_GE:
+        if (is_float) return cmp("");
+        return Emit(ExprType::kBool, Call("kc_ir_le", *b, *a));
+      case Op::OP_AND:
+        return Emit(ExprType::kBool, absl::StrCat("kc_br{", a->text, ".t && ", b->text, ".t, ",
+                                                  a->text, ".f || ", b->text, ".f}"));
+      case Op::OP_OR:
+        return Emit(ExprType::kBool, absl::StrCat("kc_br{", a->text, ".t || ", b->text, ".t, ",
+                                                  a->text, ".f && ", b->text, ".f}"));
+      default:
+        return Bad();
+    }
+  }
+
+  absl::StatusOr<Value> LowerRead(const v1::BufferRead& r) {
+    auto it = buffers_->find(r.buffer());
+    if (it == buffers_->end()) return Bad();
+    const ExprBuffer& buf = it->second;
+    ExprType type;
+    if (!ElemTypeToExprType(buf.type, &type)) return Bad();
+    std::vector<Value> index;
+    for (const v1::Expr& i : r.index()) {
+      absl::StatusOr<Value> v = Lower(i);
+      if (!v.ok()) return v.status();
+      index.push_back(*std::move(v));
+    }
+    if (type == ExprType::kFloat) return Float();
+    if (std::find(range_reads_.begin(), range_reads_.end(), buf.slot) == range_reads_.end()) {
+      range_reads_.push_back(buf.slot);
+    }
+    std::string call = absl::StrCat("kc_read_range_", buf.slot, "(p");
+    for (const Value& v : index) absl::StrAppend(&call, ", ", v.text);
+    return Emit(type, call + ")");
+  }
+
+  const ExprBufferTable* buffers_;
+  std::string body_;
+  int n_ = 0;
+  std::vector<int> range_reads_;
+};
+
+// The interval helpers kc_expr_mask_tile's body calls.
+constexpr const char* kRangeHelpers = R"(// Interval arithmetic for kc_expr_mask_tile (compiler/attention/expr_lower.cc).
+struct kc_ir { kc_i64 lo, hi; };  // int32 values in [lo, hi]
+struct kc_br { bool t, f; };      // may be true, may be false
+__device__ __forceinline__ kc_ir kc_ir_fit(kc_i64 lo, kc_i64 hi) {
+  // A value that may leave int32 wraps: then it may be anything.
+  if (lo < -2147483648LL || hi > 2147483647LL) return kc_ir{-2147483648LL, 2147483647LL};
+  return kc_ir{lo, hi};
+}
+__device__ __forceinline__ kc_ir kc_ir_c(kc_i64 v) { return kc_ir{v, v}; }
+__device__ __forceinline__ kc_i64 kc_i64_min(kc_i64 a, kc_i64 b) { return a < b ? a : b; }
+__device__ __forceinline__ kc_i64 kc_i64_max(kc_i64 a, kc_i64 b) { return a > b ? a : b; }
+__device__ __forceinline__ kc_i64 kc_fdiv64(kc_i64 a, kc_i64 d) {  // d != 0
+  const kc_i64 q = a / d;
+  return (a % d != 0 && ((a < 0) != (d < 0))) ? q - 1 : q;
+}
+__device__ __forceinline__ kc_ir kc_ir_add(kc_ir a, kc_ir b) { return kc_ir_fit(a.lo + b.lo, a.hi + b.hi); }
+__device__ __forceinline__ kc_ir kc_ir_sub(kc_ir a, kc_ir b) { return kc_ir_fit(a.lo - b.hi, a.hi - b.lo); }
+__device__ __forceinline__ kc_ir kc_ir_mul(kc_ir a, kc_ir b) {
+  const kc_i64 p0 = a.lo * b.lo, p1 = a.lo * b.hi, p2 = a.hi * b.lo, p3 = a.hi * b.hi;
+  return kc_ir_fit(kc_i64_min(kc_i64_min(p0, p1), kc_i64_min(p2, p3)),
+                   kc_i64_max(kc_i64_max(p0, p1), kc_i64_max(p2, p3)));
+}
+__device__ __forceinline__ kc_ir kc_ir_neg(kc_ir a) { return kc_ir_fit(-a.hi, -a.lo); }
+__device__ __forceinline__ kc_ir kc_ir_abs(kc_ir a) {
+  if (a.lo >= 0) return a;
+  if (a.hi <= 0) return kc_ir_fit(-a.hi, -a.lo);
+  return kc_ir_fit(0, kc_i64_max(-a.lo, a.hi));
+}
+__device__ __forceinline__ kc_ir kc_ir_min(kc_ir a, kc_ir b) { return kc_ir{kc_i64_min(a.lo, b.lo), kc_i64_min(a.hi, b.hi)}; }
+__device__ __forceinline__ kc_ir kc_ir_max(kc_ir a, kc_ir b) { return kc_ir{kc_i64_max(a.lo, b.lo), kc_i64_max(a.hi, b.hi)}; }
+__device__ __forceinline__ kc_ir kc_ir_mod(kc_ir a, kc_ir m) {  // kc_imod: in [0, |m|), 0 for m == 0
+  if (m.lo == m.hi) {
+    const kc_i64 um = m.lo < 0 ? -m.lo : m.lo;
+    if (um == 0) return kc_ir_c(0);
+    const kc_i64 ql = kc_fdiv64(a.lo, um), qh = kc_fdiv64(a.hi, um);
+    if (ql == qh) return kc_ir{a.lo - ql * um, a.hi - ql * um};
+    return kc_ir{0, um - 1};
+  }
+  const kc_i64 um = kc_i64_max(m.lo < 0 ? -m.lo : m.lo, m.hi < 0 ? -m.hi : m.hi);
+  return kc_ir{0, kc_i64_max(um - 1, 0)};
+}
+__device__ __forceinline__ kc_ir kc_ir_floordiv(kc_ir a, kc_ir d) {  // kc_ifloordiv
+  if (d.lo != d.hi) return kc_ir{-2147483648LL, 2147483647LL};
+  if (d.lo == 0) return kc_ir_c(0);
+  if (d.lo > 0) return kc_ir_fit(kc_fdiv64(a.lo, d.lo), kc_fdiv64(a.hi, d.lo));
+  return kc_ir_fit(kc_fdiv64(a.hi, d.lo), kc_fdiv64(a.lo, d.lo));
+}
+__device__ __forceinline__ kc_br kc_ir_lt(kc_ir a, kc_ir b) { return kc_br{a.lo < b.hi, a.hi >= b.lo}; }
+__device__ __forceinline__ kc_br kc_ir_le(kc_ir a, kc_ir b) { return kc_br{a.lo <= b.hi, a.hi > b.lo}; }
+__device__ __forceinline__ kc_br kc_ir_eq(kc_ir a, kc_ir b) {
+  return kc_br{a.lo <= b.hi && b.lo <= a.hi, !(a.lo == a.hi && b.lo == b.hi && a.lo == b.lo)};
+}
+__device__ __forceinline__ kc_br kc_ir_ne(kc_ir a, kc_ir b) { const kc_br e = kc_ir_eq(a, b); return kc_br{e.f, e.t}; }
+__device__ __forceinline__ kc_ir kc_ir_sel(kc_br c, kc_ir x, kc_ir y) {
+  if (!c.f) return x;
+  if (!c.t) return y;
+  return kc_ir{kc_i64_min(x.lo, y.lo), kc_i64_max(x.hi, y.hi)};
+}
+__device__ __forceinline__ kc_br kc_br_sel(kc_br c, kc_br x, kc_br y) {
+  if (!c.f) return x;
+  if (!c.t) return y;
+  return kc_br{x.t || y.t, x.f || y.f};
+}
+)";
+
+// The range-read helper of one int or bool buffer slot: the values
+// kc_read_<slot> gives over a box of indices, read one by one when the box
+// holds at most 64 elements (e.g. the anchors of the blocks a query tile
+// spans), else every value the type has.
+std::string RangeReadHelper(int slot, ExprType type, uint32_t rank) {
+  const bool is_bool = type == ExprType::kBool;
+  std::string params, sizes, idx, args;
+  for (uint32_t d = 0; d < rank; ++d) {
+    absl::StrAppend(&params, ", kc_ir i", d);
+    absl::StrAppend(&sizes, "  const kc_i64 n", d, " = i", d, ".hi - i", d, ".lo + 1;\n",
+                    "  if (n", d, " > 64) return ", is_bool ? "kc_br{true, true}" : "kc_ir{-2147483648LL, 2147483647LL}", ";\n",
+                    "  n *= n", d, ";\n");
+    absl::StrAppend(&sizes, "  const int m", d, " = static_cast<int>(n", d, ");\n");
+  }
+  for (uint32_t d = rank; d-- > 0;) {
+    absl::StrAppend(&idx, "    const int j", d, " = static_cast<int>(i", d, ".lo) + rem % m", d,
+                    ";\n    rem /= m", d, ";\n");
+  }
+  for (uint32_t d = 0; d < rank; ++d) absl::StrAppend(&args, ", j", d);
+  return absl::StrCat(
+      "__device__ __forceinline__ ", is_bool ? "kc_br" : "kc_ir", " kc_read_range_", slot,
+      "(const kcache::AttentionParams& p", params, ") {\n", "  kc_i64 n = 1;\n", sizes,
+      "  if (n > 64) return ", is_bool ? "kc_br{true, true}" : "kc_ir{-2147483648LL, 2147483647LL}",
+      ";\n", is_bool ? "  kc_br r{false, false};\n" : "  kc_ir r{2147483647LL, -2147483648LL};\n",
+      "  for (int k = 0; k < static_cast<int>(n); ++k) {\n    int rem = k;\n", idx,
+      is_bool ? "    const bool v = kc_read_" : "    const kc_i64 v = kc_read_", slot, "(p", args,
+      ");\n",
+      is_bool ? "    r.t = r.t || v;\n    r.f = r.f || !v;\n"
+              : "    r.lo = kc_i64_min(r.lo, v);\n    r.hi = kc_i64_max(r.hi, v);\n",
+      "  }\n  return r;\n}\n");
+}
 
 // Parameters, bounds checks and element offset of a buffer access of
 // `rank` indices, shared by the read and gradient helpers so that both
@@ -502,6 +792,16 @@ constexpr const char* kImodHelper =
     "  return r == 0u ? 0 : static_cast<int>(um - r);\n"
     "}\n";
 
+constexpr const char* kIfloordivHelper =
+    "// Floor division (Python's //); 0 when d == 0; INT_MIN // -1 wraps to\n"
+    "// INT_MIN. 32-bit only (a constant divisor becomes a multiply and shift).\n"
+    "__device__ __forceinline__ int kc_ifloordiv(int a, int d) {\n"
+    "  if (d == 0) return 0;\n"
+    "  if (d == -1) return static_cast<int>(0u - static_cast<unsigned>(a));\n"
+    "  const int q = a / d;\n"
+    "  return (q * d != a && ((a < 0) != (d < 0))) ? q - 1 : q;\n"
+    "}\n";
+
 }  // namespace
 
 std::string HexFloatLiteral(float v) {
@@ -531,7 +831,10 @@ absl::StatusOr<std::string> LowerSpecExpressions(const v1::AttentionSpec& spec) 
   }
 
   std::string functions;
+  std::string defines;
+  std::string range;
   bool uses_imod = false;
+  bool uses_ifloordiv = false;
   const char* kUnused = "  (void)b; (void)h; (void)q_idx; (void)kv_idx; (void)p;\n";
   if (mask_expr) {
     Lowerer l(&buffers, /*score_allowed=*/false);
@@ -541,6 +844,33 @@ absl::StatusOr<std::string> LowerSpecExpressions(const v1::AttentionSpec& spec) 
       return absl::InvalidArgumentError("mask expression is not bool; validate the spec first");
     }
     uses_imod |= l.uses_imod();
+    uses_ifloordiv |= l.uses_ifloordiv();
+    // Tile classes of a mask that does not read b (h) are computed for
+    // b = 0 (h = 0) only and shared (kernels/attention_fwd.cuh).
+    absl::StrAppend(&defines, "#define KC_EXPR_MASK_READS_B ", l.reads_b() ? 1 : 0, "\n",
+                    "#define KC_EXPR_MASK_READS_H ", l.reads_h() ? 1 : 0, "\n",
+                    "#define KC_EXPR_MASK_TILE 1\n");
+    RangeLowerer rl(&buffers);
+    absl::StatusOr<Value> rv = rl.Lower(spec.mask().expr().predicate());
+    if (!rv.ok()) return rv.status();
+    range = kRangeHelpers;
+    for (int slot : rl.range_reads()) {
+      ExprType t;
+      if (!ElemTypeToExprType(spec.buffers(slot).type(), &t)) {
+        return absl::InvalidArgumentError("buffer without element type; validate the spec first");
+      }
+      absl::StrAppend(&range, RangeReadHelper(slot, t, spec.buffers(slot).rank()));
+    }
+    absl::StrAppend(
+        &range,
+        "// 0: the mask is false on every pair of the tile q in [q0, q1], kv in\n"
+        "// [kv0, kv1]; 2: true on every pair; 1: not known without evaluating it\n"
+        "// per element.\n"
+        "__device__ __forceinline__ int kc_expr_mask_tile(int b, int h, int q0, int q1, int kv0,\n"
+        "                                                 int kv1, const kcache::AttentionParams& "
+        "p) {\n"
+        "  (void)b; (void)h; (void)q0; (void)q1; (void)kv0; (void)kv1; (void)p;\n",
+        rl.body(), "  return !", rv->text, ".f ? 2 : (!", rv->text, ".t ? 0 : 1);\n}\n");
     absl::StrAppend(&functions,
                     "__device__ __forceinline__ bool kc_expr_mask(int b, int h, int q_idx, "
                     "int kv_idx,\n"
@@ -579,7 +909,7 @@ absl::StatusOr<std::string> LowerSpecExpressions(const v1::AttentionSpec& spec) 
     }
   }
 
-  std::string out = "// --- generated from the spec's expression trees ---\n";
+  std::string out = "// --- generated from the spec's expression trees ---\n" + defines;
   for (int i = 0; i < spec.buffers_size(); ++i) {
     ExprType t;
     if (!ElemTypeToExprType(spec.buffers(i).type(), &t)) {
@@ -591,7 +921,9 @@ absl::StatusOr<std::string> LowerSpecExpressions(const v1::AttentionSpec& spec) 
     }
   }
   if (uses_imod) out += kImodHelper;
+  if (uses_ifloordiv) out += kIfloordivHelper;
   out += functions;
+  out += range;
   return out;
 }
 

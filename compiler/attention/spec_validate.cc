@@ -230,8 +230,9 @@ class ExprChecker {
         *type = lt;
         return absl::OkStatus();
       case Op::OP_MOD:
+      case Op::OP_FLOORDIV:
         if (lt != ExprType::kInt) {
-          return Invalid(lhs_path, "type float, expected int (OP_MOD is int only)");
+          return Invalid(lhs_path, absl::StrCat("type float, expected int (", name, " is int only)"));
         }
         *type = lt;
         return absl::OkStatus();

@@ -471,6 +471,30 @@ TEST(LowerTest, IntSemanticsAreWrappingAndModIsTotal) {
   EXPECT_THAT(*code, HasSubstr("(-2147483647 - 1)"));
 }
 
+TEST(LowerTest, MaskSaysWhichIndicesItReadsAndHasATileEvaluation) {
+  // (kv // 16 == q // 16) | (kv < anchors[b, q // 16]): reads b, not h.
+  v1::AttentionSpec s = BaseSpec();
+  *s.add_buffers() = Buffer("anchors", v1::ELEM_TYPE_INT32, 2, /*trainable=*/false);
+  const v1::Expr j = Bin(B::OP_FLOORDIV, Idx(v1::INDEX_VAR_Q_IDX), Int(16));
+  *s.mutable_mask()->mutable_expr()->mutable_predicate() = Bin(
+      B::OP_OR, Bin(B::OP_EQ, Bin(B::OP_FLOORDIV, Idx(v1::INDEX_VAR_KV_IDX), Int(16)), j),
+      Bin(B::OP_LT, Idx(v1::INDEX_VAR_KV_IDX), Read("anchors", {Idx(v1::INDEX_VAR_B), j})));
+  absl::StatusOr<std::string> code = LowerSpecExpressions(NormalizeAttentionSpec(s));
+  ASSERT_TRUE(code.ok()) << code.status();
+  EXPECT_THAT(*code, HasSubstr("#define KC_EXPR_MASK_READS_B 1\n"));
+  EXPECT_THAT(*code, HasSubstr("#define KC_EXPR_MASK_READS_H 0\n"));
+  EXPECT_THAT(*code, HasSubstr("#define KC_EXPR_MASK_TILE 1\n"));
+  EXPECT_THAT(*code, HasSubstr("int kc_ifloordiv(int a, int d)"));
+  EXPECT_THAT(*code, HasSubstr("kc_read_range_0(p, "));
+  EXPECT_THAT(*code, HasSubstr("__device__ __forceinline__ int kc_expr_mask_tile("));
+  // A score modification alone has no tile evaluation.
+  v1::AttentionSpec t = BaseSpec();
+  *t.mutable_score_mod()->mutable_expr()->mutable_value() = Score();
+  absl::StatusOr<std::string> score_only = LowerSpecExpressions(NormalizeAttentionSpec(t));
+  ASSERT_TRUE(score_only.ok());
+  EXPECT_THAT(*score_only, Not(HasSubstr("KC_EXPR_MASK_")));
+}
+
 // ---------------------------------------------------------------------------
 // Real NVRTC compiles.
 // ---------------------------------------------------------------------------

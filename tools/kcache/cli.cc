@@ -38,6 +38,20 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
+// `kcache show`'s line for the numeric check before serve (issue 28).
+std::string NumericCheckLine(const v1::NumericCheck& c) {
+  switch (c.state()) {
+    case v1::NUMERIC_CHECK_PASSED:
+      return absl::StrFormat("passed on %s (rel L2 %.2e <= %.0e, worst |diff| %.2e, %.2f s)",
+                             c.device(), c.rel_l2_error(), c.tolerance(), c.max_abs_error(),
+                             c.check_time_us() / 1e6);
+    case v1::NUMERIC_CHECK_UNCHECKED:
+      return "unchecked (compiled without a device to run it on)";
+    default:
+      return "unchecked (recorded before the check existed)";
+  }
+}
+
 const std::vector<FlagSpec>& GlobalFlags() {
   static const auto* f = new std::vector<FlagSpec>{
       {"socket", true, "PATH", "the daemon's Unix socket (default .kcache/kcached.sock)"},
@@ -591,6 +605,7 @@ class Cli {
       std::vector<std::string> flags;
       if (e.pinned()) flags.push_back("pinned");
       flags.push_back(r.verified() ? "verified" : "unverified");
+      if (r.numeric_check().state() != v1::NUMERIC_CHECK_PASSED) flags.push_back("unchecked");
       t.Add({a_.has("full-keys") ? KeyToHex(r.key()) : ShortKey(r.key()), r.arch(),
              attention::DescribeSpec(r.spec()), HumanBytes(r.cubin_size()),
              absl::StrCat(e.access().hits()), FormatUnixMs(e.access().last_used_unix_ms()),
@@ -676,6 +691,7 @@ class Cli {
       << (r.verified() ? absl::StrCat("yes, on ", r.verified_on())
                        : std::string("no (compiled without a device of this arch)"))
       << "\n"
+      << "numeric check " << NumericCheckLine(r.numeric_check()) << "\n"
       << "size          " << HumanBytes(r.cubin_size()) << " (" << r.cubin_size() << " bytes)"
       << "\n"
       << "cubin sha256  " << ToHex(r.cubin_sha256()) << "\n"

@@ -176,6 +176,8 @@ class Expr:
     __rtruediv__ = _binary(4, swap=True)
     __mod__ = _binary(5)
     __rmod__ = _binary(5, swap=True)
+    __floordiv__ = _binary(16)
+    __rfloordiv__ = _binary(16, swap=True)
     __eq__ = _binary(8)  # type: ignore[assignment]
     __ne__ = _binary(9)  # type: ignore[assignment]
     __lt__ = _binary(10)
