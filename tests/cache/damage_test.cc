@@ -435,6 +435,42 @@ TEST(FlippedByte, ACompactionOverDamageLeavesTheStoreWritable) {
   ASSERT_THAT((*store)->Close(), IsOk());
 }
 
+// A flipped byte in a table file's footer: RocksDB cannot open the file, so
+// the store refuses to open (naming the repair) instead of serving without
+// it; `repair` moves the file to lost/ and the store serves again.
+TEST(FlippedByte, ADamagedTableFooterIsRefusedAtOpenAndRepairMovesItAside) {
+  TempDir dir;
+  const std::string path = dir.Sub("store");
+  auto files = BuildStore(path);
+  ASSERT_EQ(files["records"].size(), 1u);
+  const std::string table = files["records"][0];
+  FlipByte(table, fs::file_size(table) - 3);  // inside the footer's magic number
+  auto store = Store::Open(path, Quiet());
+  ASSERT_THAT(store, StatusIs(absl::StatusCode::kFailedPrecondition));
+  EXPECT_THAT(store.status().message(), HasSubstr("damaged"));
+  EXPECT_THAT(store.status().message(), HasSubstr("kcache repair"));
+  EXPECT_TRUE(fs::exists(table));  // nothing changed
+
+  auto r = Store::Repair(path);
+  ASSERT_THAT(r, IsOk());
+  ASSERT_EQ(r->moved_to_lost.size(), 1u);
+  EXPECT_THAT(r->moved_to_lost[0], HasSubstr(fs::path(table).filename().string()));
+  store = Store::Open(path, Quiet());
+  ASSERT_THAT(store, IsOk());
+  // Every record was in that file: all are misses now, recompiled and served.
+  for (int i = 0; i < kEntries; ++i) {
+    auto e = (*store)->Lookup(MakeRecord(i).key());
+    ASSERT_THAT(e, IsOk());
+    EXPECT_EQ(*e, nullptr);
+    ASSERT_THAT((*store)->Publish(MakeRecord(i), MakeCubin(2000 + i, i)), IsOk());
+    ExpectServed(**store, i);
+  }
+  auto v = (*store)->Verify();
+  ASSERT_THAT(v, IsOk());
+  EXPECT_EQ(v->corrupt(), 0u);
+  EXPECT_THAT(v->unreadable(), IsEmpty());
+}
+
 // --- Lost metadata files ---------------------------------------------------------
 
 std::vector<std::string> Files(const std::string& dir, std::string_view prefix) {
