@@ -1,6 +1,7 @@
 // Bundle encoding and decoding (see bundle.h).
 #include "cache/bundle.h"
 
+#include <cstdio>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -143,6 +144,35 @@ absl::StatusOr<std::vector<BundleEntry>> DecodeBundle(std::string_view in) {
     return absl::DataLossError("bundle: checksum mismatch");
   }
   return out;
+}
+
+absl::StatusOr<std::string> ReadBundleFile(const std::string& path, uint64_t max_bytes) {
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  if (f == nullptr) return absl::NotFoundError(absl::StrCat("cannot open ", path));
+  std::string data;
+  char buf[1 << 16];
+  absl::Status st;
+  for (;;) {
+    size_t n = std::fread(buf, 1, sizeof(buf), f);
+    data.append(buf, n);
+    if (data.size() >= kBundleMagic.size() && !data.starts_with(kBundleMagic)) {
+      st = absl::InvalidArgumentError(
+          absl::StrCat(path, ": not a kcache bundle (it does not start with ", std::string(kBundleMagic), ")"));
+      break;
+    }
+    if (data.size() > max_bytes) {
+      st = absl::InvalidArgumentError(absl::StrCat(path, ": larger than ", max_bytes,
+                                                   " bytes, the most a bundle may hold"));
+      break;
+    }
+    if (n < sizeof(buf)) {
+      if (std::ferror(f)) st = absl::UnavailableError(absl::StrCat("cannot read ", path));
+      break;
+    }
+  }
+  std::fclose(f);
+  if (!st.ok()) return st;
+  return data;
 }
 
 }  // namespace kcache

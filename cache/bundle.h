@@ -55,4 +55,14 @@ struct BundleEntry {
 // of an unknown version; DataLoss for a damaged one.
 absl::StatusOr<std::vector<BundleEntry>> DecodeBundle(std::string_view bundle);
 
+// The largest bundle ReadBundleFile reads into memory by default.
+inline constexpr uint64_t kBundleMaxFileBytes = uint64_t{8} << 30;
+
+// Reads a bundle file into memory, bounded: InvalidArgument (naming the
+// path) when it does not start with the bundle magic (checked on the first
+// bytes, so /dev/zero or a wrong file is refused at once) or grows past
+// `max_bytes`; NotFound when it cannot be opened; Unavailable on a read error.
+absl::StatusOr<std::string> ReadBundleFile(const std::string& path,
+                                           uint64_t max_bytes = kBundleMaxFileBytes);
+
 }  // namespace kcache

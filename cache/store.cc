@@ -1,7 +1,13 @@
 // The kernel store on RocksDB (see store.h for the contract and the layout).
 #include "cache/store.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <atomic>
+#include <cstdarg>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -11,7 +17,10 @@
 #include <utility>
 
 #include "absl/container/flat_hash_set.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "cache/bundle.h"
 #include "cache/digest.h"
 #include "cache/key.h"
@@ -21,8 +30,11 @@
 #include "rocksdb/cache.h"
 #include "rocksdb/convenience.h"
 #include "rocksdb/db.h"
+#include "rocksdb/env.h"
 #include "rocksdb/filter_policy.h"
+#include "rocksdb/listener.h"
 #include "rocksdb/merge_operator.h"
+#include "rocksdb/metadata.h"
 #include "rocksdb/table.h"
 #include "rocksdb/write_batch.h"
 
@@ -83,6 +95,36 @@ rocksdb::ColumnFamilyOptions CfOptions(const std::shared_ptr<rocksdb::Cache>& ca
   return o;
 }
 
+// RocksDB options shared by Open and Repair.
+rocksdb::DBOptions DbOptions(rocksdb::Env* env) {
+  rocksdb::DBOptions dbo;
+  if (env != nullptr) dbo.env = env;
+  dbo.max_background_jobs = 2;
+  dbo.keep_log_file_num = 4;
+  dbo.max_open_files = -1;
+  // Bounds WAL replay at open: column families whose unflushed data sits in
+  // old logs get flushed once the logs exceed this.
+  dbo.max_total_wal_size = uint64_t{64} << 20;
+  return dbo;
+}
+
+std::vector<rocksdb::ColumnFamilyDescriptor> Descriptors(
+    const std::shared_ptr<rocksdb::Cache>& cache) {
+  const auto light = Pick({rocksdb::kLZ4Compression, rocksdb::kSnappyCompression});
+  const auto heavy = Pick({rocksdb::kZSTD, rocksdb::kLZ4Compression});
+  auto stats_opts = CfOptions(cache, light, true);
+  stats_opts.merge_operator = std::make_shared<AccessStatsMerge>();
+  return {
+      {rocksdb::kDefaultColumnFamilyName, CfOptions(cache, light, false)},
+      {kCfRecords, CfOptions(cache, light, true)},
+      {kCfBlobs, CfOptions(cache, heavy, true)},
+      {kCfRefs, CfOptions(cache, light, false)},
+      {kCfStats, stats_opts},
+      {kCfPins, CfOptions(cache, light, false)},
+      {kCfQuarantine, CfOptions(cache, light, false)},
+  };
+}
+
 std::string RefKey(std::string_view digest, std::string_view key) {
   std::string r(digest);
   r += key;
@@ -92,6 +134,316 @@ std::string RefKey(std::string_view digest, std::string_view key) {
 absl::Status ReadOnlyError(std::string_view what) {
   return absl::FailedPreconditionError(
       absl::StrCat(AbslView(what), ": the store is open read-only"));
+}
+
+// RocksDB's info log. RocksDB's own file logger writes through a
+// WritableFileWriter, which asserts (aborting the daemon) when it is used
+// again after a failed write, e.g. "no space left" during the very recovery
+// from a full disk. This one writes each line with write(2) and drops what
+// it cannot write. Lines go to `path` (rotated to path.old past 16 MiB) when
+// given, and errors also to stderr (at most one a second).
+class TolerantLogger final : public rocksdb::Logger {
+ public:
+  explicit TolerantLogger(std::string path)
+      : rocksdb::Logger(rocksdb::InfoLogLevel::INFO_LEVEL), path_(std::move(path)) {
+    Reopen();
+  }
+  ~TolerantLogger() override {
+    if (fd_ >= 0) ::close(fd_);
+  }
+
+  using rocksdb::Logger::Logv;
+  void Logv(const char* format, va_list ap) override {
+    Logv(rocksdb::InfoLogLevel::INFO_LEVEL, format, ap);
+  }
+  void Logv(const rocksdb::InfoLogLevel level, const char* format, va_list ap) override {
+    if (level < GetInfoLogLevel()) return;
+    static const char* const kNames[] = {"DEBUG", "INFO", "WARN", "ERROR", "FATAL", "HEADER"};
+    char buf[2048];
+    const absl::Time now = absl::Now();
+    int n = std::snprintf(buf, sizeof(buf), "%s [%s] ",
+                          absl::FormatTime("%Y/%m/%d-%H:%M:%E6S", now, absl::LocalTimeZone()).c_str(),
+                          kNames[std::min<int>(level, 5)]);
+    if (n < 0) return;
+    va_list copy;
+    va_copy(copy, ap);
+    int m = std::vsnprintf(buf + n, sizeof(buf) - static_cast<size_t>(n) - 1, format, copy);
+    va_end(copy);
+    if (m < 0) return;
+    size_t len = std::min(sizeof(buf) - 2, static_cast<size_t>(n) + static_cast<size_t>(m));
+    if (buf[len - 1] != '\n') buf[len++] = '\n';
+    Write(buf, len);
+    if (level >= rocksdb::InfoLogLevel::ERROR_LEVEL && level != rocksdb::InfoLogLevel::HEADER_LEVEL) {
+      const int64_t sec = absl::ToUnixSeconds(now);
+      if (last_stderr_sec_.exchange(sec) != sec) {
+        (void)!::write(2, "kcache store (rocksdb): ", 24);
+        (void)!::write(2, buf + n, len - static_cast<size_t>(n));
+      }
+    }
+  }
+
+ private:
+  void Reopen() {
+    if (path_.empty()) return;
+    fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    struct stat st {};
+    written_ = fd_ >= 0 && ::fstat(fd_, &st) == 0 ? static_cast<uint64_t>(st.st_size) : 0;
+  }
+  void Write(const char* p, size_t n) {
+    absl::MutexLock l(&mu_);
+    if (fd_ < 0) return;
+    if (written_ > (uint64_t{16} << 20)) {
+      ::close(fd_);
+      fd_ = -1;
+      (void)std::rename(path_.c_str(), (path_ + ".old").c_str());
+      Reopen();
+      if (fd_ < 0) return;
+    }
+    ssize_t w = ::write(fd_, p, n);  // a failed line is dropped
+    if (w > 0) written_ += static_cast<uint64_t>(w);
+  }
+
+  const std::string path_;
+  absl::Mutex mu_;
+  int fd_ = -1;
+  uint64_t written_ = 0;
+  std::atomic<int64_t> last_stderr_sec_{0};
+};
+
+// The file number in a RocksDB corruption message ("... in /s/000123.sst
+// offset 0 size 4096"); 0 when there is none.
+uint64_t SstNumberIn(std::string_view msg) {
+  size_t pos = msg.find(".sst");
+  if (pos == std::string_view::npos) return 0;
+  size_t b = pos;
+  while (b > 0 && msg[b - 1] >= '0' && msg[b - 1] <= '9') --b;
+  uint64_t n = 0;
+  if (b == pos || !absl::SimpleAtoi(AbslView(msg.substr(b, pos - b)), &n)) return 0;
+  return n;
+}
+
+uint64_t SstNumberOfName(const std::string& name) { return SstNumberIn(name); }
+
+// ENOSPC, also where RocksDB rewrapped it and kept only the message.
+bool IsDiskFull(const rocksdb::Status& s) {
+  return s.IsNoSpace() ||
+         (s.IsIOError() && absl::StrContains(s.ToString(), "No space left on device"));
+}
+
+// What a store directory holds, by RocksDB's file names.
+struct DirFiles {
+  bool current = false;
+  int manifests = 0, tables = 0, logs = 0, options = 0;
+  bool any_store_file() const { return manifests + tables + logs + options > 0; }
+  std::string Describe() const {
+    return absl::StrCat(tables, " table files, ", logs, " write-ahead logs, ", manifests,
+                        " MANIFEST files");
+  }
+};
+
+DirFiles ListDir(const std::string& path) {
+  namespace fs = std::filesystem;
+  DirFiles d;
+  std::error_code ec;
+  for (fs::directory_iterator it(path, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string n = it->path().filename().string();
+    if (n == "CURRENT") d.current = true;
+    if (n.starts_with("MANIFEST-")) ++d.manifests;
+    if (n.ends_with(".sst")) ++d.tables;
+    if (n.ends_with(".log")) ++d.logs;
+    if (n.starts_with("OPTIONS-")) ++d.options;
+  }
+  return d;
+}
+
+std::string RecoverHint(const std::string& path) {
+  return absl::StrCat(
+      "nothing was changed. Recover with `kcache repair --store ", path,
+      "` (stop kcached first; it rebuilds the store's metadata from its files, moving "
+      "unreadable ones to ",
+      path,
+      "/lost/), or move the directory away and restore a backup or import a bundle "
+      "(docs/ops.md, \"A damaged store\")");
+}
+
+}  // namespace
+
+// Keeps the store writable when a compaction meets a damaged table file:
+// RocksDB would otherwise stop all writes for good (paranoid_checks). The
+// damaged entries read as misses and are overwritten; `kcache repair`
+// removes the file. Remembers the first such error for damage().
+class Store::DamageListener final : public rocksdb::EventListener {
+ public:
+  void OnBackgroundError(rocksdb::BackgroundErrorReason reason, rocksdb::Status* error) override {
+    if (reason != rocksdb::BackgroundErrorReason::kCompaction || !error->IsCorruption()) return;
+    {
+      absl::MutexLock l(&mu_);
+      if (first_.empty()) {
+        first_ = absl::StrCat(
+            "a compaction met a damaged table file (", error->ToString(),
+            "); the entries in it read as misses and are recompiled; run `kcache repair` to "
+            "remove the file");
+        std::fprintf(stderr, "kcache store: %s\n", first_.c_str());
+      }
+    }
+    *error = rocksdb::Status::OK();
+  }
+  std::string first() const {
+    absl::MutexLock l(&mu_);
+    return first_;
+  }
+
+ private:
+  mutable absl::Mutex mu_;
+  std::string first_ ABSL_GUARDED_BY(mu_);
+};
+
+namespace {
+
+// Big-endian midpoint floor((a + b) / 2) of two byte strings of one length.
+std::string Midpoint(const std::string& a, const std::string& b) {
+  const size_t n = a.size();
+  std::vector<unsigned> sum(n + 1, 0);
+  unsigned carry = 0;
+  for (size_t i = n; i-- > 0;) {
+    unsigned v = static_cast<unsigned char>(a[i]) + static_cast<unsigned char>(b[i]) + carry;
+    sum[i + 1] = v & 0xff;
+    carry = v >> 8;
+  }
+  sum[0] = carry;
+  std::string out(n, '\0');
+  unsigned rem = 0;
+  for (size_t i = 0; i <= n; ++i) {
+    unsigned v = rem * 256 + sum[i];
+    if (i > 0) out[i - 1] = static_cast<char>(v / 2);
+    rem = v % 2;
+  }
+  return out;
+}
+
+// Iterates one column family over [begin, end) (end empty = to the last
+// key), stepping over what RocksDB cannot read: on a corruption error the
+// scan resumes at the first key after the damaged block (found by bisection
+// between the last key read and the damaged table file's largest key: a
+// Seek fails exactly while it lands in the damaged block), and the skipped
+// range is described in `unreadable`. Other errors end the scan (status()).
+class SkippingScan {
+ public:
+  SkippingScan(rocksdb::DB* db, rocksdb::ColumnFamilyHandle* cf, std::string begin,
+               std::string end, std::vector<std::string>* unreadable)
+      : db_(db), cf_(cf), begin_(std::move(begin)), end_(std::move(end)), unreadable_(unreadable) {
+    upper_ = rocksdb::Slice(end_);
+    if (!end_.empty()) ro_.iterate_upper_bound = &upper_;
+    it_.reset(db_->NewIterator(ro_, cf_));
+  }
+  void Start() {
+    begin_.empty() ? it_->SeekToFirst() : it_->Seek(begin_);
+    Settle();
+  }
+  bool Valid() const { return it_->Valid(); }
+  void Next() {
+    it_->Next();
+    Settle();
+  }
+  rocksdb::Slice key() const { return it_->key(); }
+  rocksdb::Slice value() const { return it_->value(); }
+  // Non-corruption errors; OK when the scan ended normally or stepped over damage.
+  const rocksdb::Status& status() const { return error_; }
+  // The skipped key ranges [from, to) ("to" empty: to the end).
+  const std::vector<std::pair<std::string, std::string>>& skipped() const { return skipped_; }
+
+ private:
+  void Settle() {
+    while (!it_->Valid() && !it_->status().ok()) {
+      const rocksdb::Status st = it_->status();
+      if (!st.IsCorruption() || skipped_.size() > 1000) {
+        error_ = st;
+        return;
+      }
+      std::string resume = ResumeAfter(st);
+      const std::string from = have_last_ ? last_ + '\0' : begin_;
+      skipped_.emplace_back(from, resume);
+      if (unreadable_ != nullptr) {
+        unreadable_->push_back(absl::StrCat(
+            cf_->GetName(), ": keys ",
+            have_last_ ? absl::StrCat("after ", ToHex(last_)) : std::string("from the start"), " ",
+            resume.empty() ? std::string("to the end") : absl::StrCat("up to ", ToHex(resume)),
+            ": ", st.ToString()));
+      }
+      if (resume.empty()) return;  // the rest cannot be read
+      it_.reset(db_->NewIterator(ro_, cf_));
+      it_->Seek(resume);
+    }
+    if (it_->Valid()) {
+      last_.assign(it_->key().data(), it_->key().size());
+      have_last_ = true;
+    }
+  }
+
+  // True when Seek(k) fails on damage. A fresh iterator each time: one that
+  // failed may answer a later Seek from the state of the failed one.
+  bool Damaged(const std::string& k) {
+    std::unique_ptr<rocksdb::Iterator> probe(db_->NewIterator(ro_, cf_));
+    probe->Seek(k);
+    return !probe->Valid() && probe->status().IsCorruption();
+  }
+
+  // The first key after the damaged block; empty when none can be found
+  // (the rest of the range is then unreadable).
+  std::string ResumeAfter(const rocksdb::Status& st) {
+    std::string hi;  // a key past the damage
+    if (const uint64_t bad = SstNumberIn(st.ToString()); bad != 0) {
+      std::vector<rocksdb::LiveFileMetaData> files;
+      db_->GetLiveFilesMetaData(&files);
+      for (const auto& f : files) {
+        if (f.column_family_name == cf_->GetName() && SstNumberOfName(f.name) == bad) {
+          hi = f.largestkey + '\0';
+        }
+      }
+    }
+    if (hi.empty() || Damaged(hi)) {
+      hi = std::string(std::max<size_t>(64, last_.size() + 1), '\xff');
+      if (Damaged(hi)) return "";
+    }
+    std::string lo = have_last_ ? last_ : begin_;
+    const size_t n = std::max(lo.size(), hi.size());
+    lo.resize(n, '\0');
+    hi.resize(n, '\0');
+    if (!(lo < hi)) return "";
+    // Invariant: Seek(lo) lands in the damage (or lo is the last key read);
+    // Seek(hi) does not.
+    for (;;) {
+      std::string mid = Midpoint(lo, hi);
+      if (mid == lo) break;
+      (Damaged(mid) ? lo : hi) = std::move(mid);
+    }
+    if (!end_.empty() && hi >= end_) return "";
+    return hi;
+  }
+
+  rocksdb::DB* db_;
+  rocksdb::ColumnFamilyHandle* cf_;
+  std::string begin_, end_;
+  rocksdb::Slice upper_;
+  rocksdb::ReadOptions ro_;
+  std::unique_ptr<rocksdb::Iterator> it_;
+  std::vector<std::string>* unreadable_;
+  std::string last_;
+  bool have_last_ = false;
+  rocksdb::Status error_;
+  std::vector<std::pair<std::string, std::string>> skipped_;
+};
+
+// A record read under `key`: decodes, and names that key (a record moved
+// under another key must not be served for it).
+absl::StatusOr<v1::KernelRecord> DecodeRecordAt(std::string_view key, std::string_view raw) {
+  auto r = DecodeRecord(raw);
+  if (!r.ok()) return r;
+  if (r->key() != key) {
+    return absl::DataLossError(absl::StrCat("record: stored under key ", KeyToHex(key),
+                                            " but names key ", ToHex(r->key())));
+  }
+  return r;
 }
 
 }  // namespace
@@ -114,7 +466,10 @@ struct Store::Scanned {
 };
 
 Store::Store(std::string path, StoreOptions options)
-    : path_(std::move(path)), options_(std::move(options)), hot_(options_.hot_cache_bytes) {}
+    : path_(std::move(path)),
+      options_(std::move(options)),
+      read_only_(options_.read_only),
+      hot_(options_.hot_cache_bytes) {}
 
 Store::~Store() { (void)Close(); }
 
@@ -123,7 +478,11 @@ int64_t Store::Now() const {
 }
 
 absl::Status Store::CheckWritable(std::string_view what) const {
-  return options_.read_only ? ReadOnlyError(what) : absl::OkStatus();
+  if (!read_only_) return absl::OkStatus();
+  if (!read_only_reason_.empty()) {
+    return absl::UnavailableError(absl::StrCat(AbslView(what), ": ", read_only_reason_));
+  }
+  return ReadOnlyError(what);
 }
 
 absl::StatusOr<std::unique_ptr<Store>> Store::Open(const std::string& path, StoreOptions options) {
@@ -131,8 +490,18 @@ absl::StatusOr<std::unique_ptr<Store>> Store::Open(const std::string& path, Stor
   const bool ro = options.read_only;
   std::unique_ptr<Store> s(new Store(path, std::move(options)));
   std::error_code ec;
+  const DirFiles files = ListDir(path);
+  // A directory that already holds a store is never opened with
+  // create_if_missing: without CURRENT, RocksDB would start an empty store
+  // there and delete the old one's files.
+  if (!files.current && files.any_store_file()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "open ", path, ": the directory holds a kcache store whose CURRENT file is missing (",
+        files.Describe(), "); refusing to create a new, empty store over it; ",
+        RecoverHint(path)));
+  }
   if (ro) {
-    if (!fs::exists(fs::path(path) / "CURRENT", ec)) {
+    if (!files.current) {
       return absl::NotFoundError(absl::StrCat("open ", path, " read-only: no store there"));
     }
   } else {
@@ -143,36 +512,39 @@ absl::StatusOr<std::unique_ptr<Store>> Store::Open(const std::string& path, Stor
     }
   }
 
-  rocksdb::DBOptions dbo;
-  dbo.create_if_missing = !ro;
+  rocksdb::DBOptions dbo = DbOptions(s->options_.env);
+  dbo.create_if_missing = !ro && !files.current;
   dbo.create_missing_column_families = !ro;
-  dbo.max_background_jobs = 2;
-  dbo.keep_log_file_num = 4;
-  dbo.max_open_files = -1;
-  // Bounds WAL replay at open: column families whose unflushed data sits in
-  // old logs get flushed once the logs exceed this.
-  dbo.max_total_wal_size = uint64_t{64} << 20;
+  // Read-only opens (the ops tool beside a daemon) write no log file.
+  dbo.info_log = std::make_shared<TolerantLogger>(ro ? "" : (fs::path(path) / "LOG").string());
+  s->damage_ = std::make_shared<DamageListener>();
+  dbo.listeners.push_back(s->damage_);
 
   s->block_cache_ = rocksdb::NewLRUCache(std::max<size_t>(s->options_.block_cache_bytes, 1 << 20));
-  const auto light = Pick({rocksdb::kLZ4Compression, rocksdb::kSnappyCompression});
-  const auto heavy = Pick({rocksdb::kZSTD, rocksdb::kLZ4Compression});
-  auto stats_opts = CfOptions(s->block_cache_, light, true);
-  stats_opts.merge_operator = std::make_shared<AccessStatsMerge>();
-  auto blob_opts = CfOptions(s->block_cache_, heavy, true);
-  std::vector<rocksdb::ColumnFamilyDescriptor> descs = {
-      {rocksdb::kDefaultColumnFamilyName, CfOptions(s->block_cache_, light, false)},
-      {kCfRecords, CfOptions(s->block_cache_, light, true)},
-      {kCfBlobs, blob_opts},
-      {kCfRefs, CfOptions(s->block_cache_, light, false)},
-      {kCfStats, stats_opts},
-      {kCfPins, CfOptions(s->block_cache_, light, false)},
-      {kCfQuarantine, CfOptions(s->block_cache_, light, false)},
-  };
+  std::vector<rocksdb::ColumnFamilyDescriptor> descs = Descriptors(s->block_cache_);
   rocksdb::Status rs;
   if (ro) {
     rs = rocksdb::DB::OpenForReadOnly(dbo, path, descs, &s->handles_, &s->db_);
   } else {
     rs = rocksdb::DB::Open(dbo, path, descs, &s->handles_, &s->db_);
+    if (IsDiskFull(rs) && s->options_.read_only_when_disk_full) {
+      // Serve what is there: hits need no space.
+      auto rs2 = rocksdb::DB::OpenForReadOnly(dbo, path, descs, &s->handles_, &s->db_);
+      if (rs2.ok()) {
+        s->read_only_ = true;
+        s->read_only_reason_ = absl::StrCat(
+            "the store is read-only: the disk was full when it was opened (", rs.ToString(),
+            "); free space and restart kcached");
+        std::fprintf(stderr, "kcache store %s: %s\n", path.c_str(), s->read_only_reason_.c_str());
+        rs = rs2;
+      }
+    }
+  }
+  if (!rs.ok() && files.current && !IsDiskFull(rs) &&
+      (rs.IsCorruption() || rs.IsPathNotFound() || rs.IsNotFound())) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "open ", path, ": the store is damaged and cannot be opened (", rs.ToString(), "); ",
+        RecoverHint(path)));
   }
   if (auto st = FromRocks(rs, absl::StrCat("open ", path)); !st.ok()) return st;
   s->cf_default_ = s->handles_[0];
@@ -185,8 +557,15 @@ absl::StatusOr<std::unique_ptr<Store>> Store::Open(const std::string& path, Stor
 
   std::string format;
   rs = s->db_->Get(rocksdb::ReadOptions(), s->cf_default_, kMetaFormatKey, &format);
+  if (rs.IsCorruption()) {
+    // The format row sits in a damaged block. The column families are this
+    // store's own, so it is of this format: rewrite the row (when writable).
+    std::fprintf(stderr, "kcache store %s: the store format row is unreadable (%s); rewriting it\n",
+                 path.c_str(), rs.ToString().c_str());
+    rs = rocksdb::Status::NotFound();
+  }
   if (rs.IsNotFound()) {
-    if (!ro) {
+    if (!s->read_only_) {
       rocksdb::WriteOptions wo;
       wo.sync = true;
       rs = s->db_->Put(wo, s->cf_default_, kMetaFormatKey, kStoreFormat);
@@ -200,10 +579,63 @@ absl::StatusOr<std::unique_ptr<Store>> Store::Open(const std::string& path, Stor
                                                       kStoreFormat, ")"));
   }
 
-  if (!ro && s->options_.stats_flush_interval > absl::ZeroDuration()) {
+  if (!s->read_only_ && s->options_.stats_flush_interval > absl::ZeroDuration()) {
     s->flusher_ = std::thread([p = s.get()] { p->FlusherLoop(); });
   }
   return s;
+}
+
+std::string Store::damage() const { return damage_ ? damage_->first() : std::string(); }
+
+absl::StatusOr<RepairResult> Store::Repair(const std::string& path) {
+  namespace fs = std::filesystem;
+  const DirFiles files = ListDir(path);
+  if (!files.current && !files.any_store_file()) {
+    return absl::NotFoundError(absl::StrCat("repair ", path, ": no kcache store there"));
+  }
+  auto lost_files = [&] {
+    std::set<std::string> out;
+    std::error_code ec;
+    for (fs::recursive_directory_iterator it(fs::path(path) / "lost", ec), end; !ec && it != end;
+         it.increment(ec)) {
+      if (it->is_regular_file(ec)) out.insert(it->path().string());
+    }
+    return out;
+  };
+  const std::set<std::string> lost_before = lost_files();
+  {
+    rocksdb::DBOptions dbo = DbOptions(nullptr);
+    dbo.info_log = std::make_shared<TolerantLogger>((fs::path(path) / "LOG").string());
+    auto cache = rocksdb::NewLRUCache(8 << 20);
+    std::vector<rocksdb::ColumnFamilyDescriptor> descs = Descriptors(cache);
+    rocksdb::Status rs = rocksdb::RepairDB(path, dbo, descs);
+    if (auto st = FromRocks(rs, absl::StrCat("repair ", path)); !st.ok()) return st;
+  }
+  RepairResult out;
+  // (RepairDB also moves the old MANIFEST and the logs it converted into
+  // tables there; only table files it could not read lose entries.)
+  for (const auto& f : lost_files()) {
+    if (!lost_before.contains(f) && f.ends_with(".sst")) out.moved_to_lost.push_back(f);
+  }
+  StoreOptions so;
+  so.hot_cache_bytes = 0;
+  so.stats_flush_interval = absl::ZeroDuration();
+  so.read_only_when_disk_full = false;
+  auto store = Open(path, so);
+  if (!store.ok()) return store.status();
+  auto freed = (*store)->CollectGarbage();
+  if (!freed.ok()) return freed.status();
+  auto verified = (*store)->Verify();
+  if (!verified.ok()) return verified.status();
+  auto freed2 = (*store)->CollectGarbage();
+  if (!freed2.ok()) return freed2.status();
+  auto stats = (*store)->Stats();
+  if (!stats.ok()) return stats.status();
+  out.freed_bytes = *freed + *freed2;
+  out.quarantined = verified->corrupt();
+  out.entries = stats->entries();
+  if (auto st = (*store)->Close(); !st.ok()) return st;
+  return out;
 }
 
 absl::Status Store::Close() {
@@ -216,7 +648,7 @@ absl::Status Store::Close() {
   if (flusher_.joinable()) flusher_.join();
   absl::Status result;
   if (db_ != nullptr) {
-    if (!options_.read_only) {
+    if (!read_only_) {
       result.Update(FlushAccessStats());
       // A clean shutdown leaves no WAL to replay: the next open is fast.
       result.Update(FromRocks(db_->Flush(rocksdb::FlushOptions(), handles_), "flush at close"));
@@ -253,7 +685,7 @@ rocksdb::ColumnFamilyHandle* Store::column_family_for_testing(std::string_view n
 // --- Access statistics -------------------------------------------------------
 
 void Store::RecordHit(std::string_view key) {
-  if (options_.read_only) return;
+  if (read_only_) return;
   const int64_t now = Now();
   absl::MutexLock l(&stats_mu_);
   auto& p = pending_[AbslView(key)];
@@ -262,7 +694,7 @@ void Store::RecordHit(std::string_view key) {
 }
 
 absl::Status Store::FlushAccessStats() {
-  if (options_.read_only || db_ == nullptr) return absl::OkStatus();
+  if (read_only_ || db_ == nullptr) return absl::OkStatus();
   absl::flat_hash_map<std::string, PendingHit> taken;
   {
     absl::MutexLock l(&stats_mu_);
@@ -286,7 +718,8 @@ absl::StatusOr<v1::AccessStats> Store::ReadAccessStats(std::string_view key) {
   auto rs = db_->Get(rocksdb::ReadOptions(), cf_stats_, S(key), &v);
   if (rs.ok()) {
     (void)a.ParseFromString(v);
-  } else if (!rs.IsNotFound()) {
+  } else if (!rs.IsNotFound() && !rs.IsCorruption()) {
+    // (Damaged statistics count as none: they only order eviction.)
     return FromRocks(rs, "read access statistics");
   }
   absl::MutexLock l(&stats_mu_);
@@ -301,6 +734,8 @@ absl::StatusOr<bool> Store::IsPinned(std::string_view key) {
   std::string v;
   auto rs = db_->Get(rocksdb::ReadOptions(), cf_pins_, S(key), &v);
   if (rs.IsNotFound()) return false;
+  // A pin that cannot be read counts as a pin: eviction must not guess.
+  if (rs.IsCorruption()) return true;
   if (auto st = FromRocks(rs, "read pin"); !st.ok()) return st;
   return true;
 }
@@ -354,7 +789,9 @@ absl::Status Store::WritePrepared(std::vector<Prepared>& items, bool sync) {
           batch.Delete(cf_refs_, RefKey(prev.cubin_sha256(), key));
           replaced_digests.push_back(prev.cubin_sha256());
         }
-      } else if (!rs.IsNotFound()) {
+      } else if (!rs.IsNotFound() && !rs.IsCorruption()) {
+        // (A damaged previous record is simply overwritten; the refs row of
+        // the blob it named, if any, is left for CollectGarbage.)
         return FromRocks(rs, "publish: read the previous record");
       }
       batch.Put(cf_records_, S(key), p.record_bytes);
@@ -428,7 +865,7 @@ absl::StatusOr<std::string> Store::ReadVerifiedBlob(const v1::KernelRecord& reco
 void Store::Quarantine(std::string_view key, const v1::KernelRecord& record,
                        std::string_view reason) {
   hot_.Erase(key);
-  if (options_.read_only) return;
+  if (read_only_) return;
   const std::string& digest = record.cubin_sha256();
   {
     ExclusiveLatches key_hold(key_latches_, {std::string(key)});
@@ -436,8 +873,13 @@ void Store::Quarantine(std::string_view key, const v1::KernelRecord& record,
     // have replaced it with a good one.
     std::string raw;
     auto rs = db_->Get(rocksdb::ReadOptions(), cf_records_, S(key), &raw);
-    if (!rs.ok()) return;  // gone already (or unreadable: retried at the next read)
-    auto now_rec = DecodeRecord(raw);
+    // Gone already, or an I/O error (retried at the next read). A record
+    // RocksDB cannot read (damaged block) is quarantined as undecodable: the
+    // tombstone written below hides the damaged bytes from every later read.
+    if (!rs.ok() && !rs.IsCorruption()) return;
+    if (!rs.ok()) raw.clear();
+    auto now_rec = rs.ok() ? DecodeRecordAt(key, raw)
+                           : absl::StatusOr<v1::KernelRecord>(absl::DataLossError("unreadable"));
     const bool caller_decoded = !record.key().empty();
     if (caller_decoded != now_rec.ok()) return;
     if (caller_decoded && now_rec->cubin_sha256() != digest) return;
@@ -493,8 +935,13 @@ absl::StatusOr<EntryRef> Store::Lookup(std::string_view key) {
   std::string raw;
   auto rs = db_->Get(rocksdb::ReadOptions(), cf_records_, S(key), &raw);
   if (rs.IsNotFound()) return EntryRef();
+  if (rs.IsCorruption()) {
+    // A damaged record is a miss: quarantined, recompiled, overwritten.
+    Quarantine(key, v1::KernelRecord(), absl::StrCat("record unreadable: ", rs.ToString()));
+    return EntryRef();
+  }
   if (auto st = FromRocks(rs, "lookup"); !st.ok()) return st;
-  auto record = DecodeRecord(raw);
+  auto record = DecodeRecordAt(key, raw);
   if (!record.ok()) {
     v1::KernelRecord unknown;  // empty key: quarantine whatever is stored
     Quarantine(key, unknown, std::string(record.status().message()));
@@ -519,8 +966,10 @@ absl::StatusOr<EntryRef> Store::Lookup(std::string_view key) {
 
 absl::StatusOr<v1::VerifyResponse> Store::Verify() {
   v1::VerifyResponse out;
-  auto scanned = ScanRecords({}, {}, [](const v1::KernelRecord&) { return true; });
+  std::vector<std::string> unreadable;
+  auto scanned = ScanRecords({}, {}, [](const v1::KernelRecord&) { return true; }, &unreadable);
   if (!scanned.ok()) return scanned.status();
+  for (auto& u : unreadable) out.add_unreadable(std::move(u));
   // One hash per distinct blob; the verdict is shared by every record naming it.
   absl::flat_hash_map<std::string, std::string> bad;  // digest -> reason
   absl::flat_hash_set<std::string> good;
@@ -528,7 +977,7 @@ absl::StatusOr<v1::VerifyResponse> Store::Verify() {
     out.set_checked(out.checked() + 1);
     std::string reason;
     if (!e.decoded) {
-      reason = "record does not decode";
+      reason = std::string(DecodeRecordAt(e.key, e.raw).status().message());
     } else if (good.contains(e.record.cubin_sha256())) {
       continue;
     } else if (auto it = bad.find(e.record.cubin_sha256()); it != bad.end()) {
@@ -554,17 +1003,14 @@ absl::StatusOr<v1::VerifyResponse> Store::Verify() {
 
 absl::StatusOr<std::vector<Store::Scanned>> Store::ScanRecords(
     std::string_view begin, std::string_view end,
-    absl::FunctionRef<bool(const v1::KernelRecord&)> pred) {
+    absl::FunctionRef<bool(const v1::KernelRecord&)> pred, std::vector<std::string>* unreadable) {
   std::vector<Scanned> out;
-  rocksdb::ReadOptions ro;
-  rocksdb::Slice upper = S(end);
-  if (!end.empty()) ro.iterate_upper_bound = &upper;
-  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(ro, cf_records_));
-  for (begin.empty() ? it->SeekToFirst() : it->Seek(S(begin)); it->Valid(); it->Next()) {
+  SkippingScan it(db_, cf_records_, std::string(begin), std::string(end), unreadable);
+  for (it.Start(); it.Valid(); it.Next()) {
     Scanned s;
-    s.key = std::string(V(it->key()));
-    s.raw = std::string(V(it->value()));
-    auto r = DecodeRecord(s.raw);
+    s.key = std::string(V(it.key()));
+    s.raw = std::string(V(it.value()));
+    auto r = DecodeRecordAt(s.key, s.raw);
     if (r.ok()) {
       s.decoded = true;
       s.record = *std::move(r);
@@ -572,7 +1018,7 @@ absl::StatusOr<std::vector<Store::Scanned>> Store::ScanRecords(
     }
     out.push_back(std::move(s));
   }
-  if (auto st = FromRocks(it->status(), "scan records"); !st.ok()) return st;
+  if (auto st = FromRocks(it.status(), "scan records"); !st.ok()) return st;
   return out;
 }
 
@@ -604,12 +1050,11 @@ absl::StatusOr<v1::ListResponse> Store::List(const v1::Filter& filter, uint32_t 
   if (!end.empty() && begin >= end) return v1::ListResponse();
 
   v1::ListResponse out;
-  rocksdb::ReadOptions ro;
-  rocksdb::Slice upper = S(end);
-  if (!end.empty()) ro.iterate_upper_bound = &upper;
-  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(ro, cf_records_));
-  for (begin.empty() ? it->SeekToFirst() : it->Seek(S(begin)); it->Valid(); it->Next()) {
-    auto r = DecodeRecord(V(it->value()));
+  std::vector<std::string> unreadable;
+  SkippingScan scan(db_, cf_records_, begin, end, &unreadable);
+  SkippingScan* it = &scan;
+  for (it->Start(); it->Valid(); it->Next()) {
+    auto r = DecodeRecordAt(V(it->key()), V(it->value()));
     if (!r.ok()) continue;  // undecodable records are Verify's business
     if (!filter.arch().empty() && r->arch() != filter.arch()) continue;
     if (!filter.mask_kind().empty() && MaskKind(*r) != filter.mask_kind()) continue;
@@ -639,6 +1084,7 @@ absl::StatusOr<v1::ListResponse> Store::List(const v1::Filter& filter, uint32_t 
     e->set_pinned(pinned);
   }
   if (auto st = FromRocks(it->status(), "list"); !st.ok()) return st;
+  for (auto& u : unreadable) out.add_unreadable(std::move(u));
   return out;
 }
 
@@ -665,8 +1111,9 @@ absl::StatusOr<std::string> Store::ResolveKeyPrefix(std::string_view hex_prefix)
   auto prefix = ParseHexKeyPrefix(hex_prefix);
   if (!prefix.ok()) return prefix.status();
   std::vector<std::string> found;
-  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions(), cf_records_));
-  for (it->Seek(S(prefix->bytes)); it->Valid() && found.size() < 2; it->Next()) {
+  SkippingScan scan(db_, cf_records_, prefix->bytes, PrefixSuccessor(prefix->bytes), nullptr);
+  SkippingScan* it = &scan;
+  for (it->Start(); it->Valid() && found.size() < 2; it->Next()) {
     std::string_view k = V(it->key());
     if (!StartsWith(k, prefix->bytes)) break;
     if (prefix->Matches(k)) found.emplace_back(k);
@@ -687,10 +1134,11 @@ absl::StatusOr<v1::StatsResponse> Store::Stats() {
   v1::StatsResponse out;
   std::map<std::pair<std::string, std::string>, std::pair<uint64_t, uint64_t>> groups;
   absl::flat_hash_map<std::string, uint64_t> blobs;
+  std::vector<std::string> unreadable;
   {
-    std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions(), cf_records_));
-    for (it->SeekToFirst(); it->Valid(); it->Next()) {
-      auto r = DecodeRecord(V(it->value()));
+    SkippingScan it(db_, cf_records_, "", "", &unreadable);
+    for (it.Start(); it.Valid(); it.Next()) {
+      auto r = DecodeRecordAt(V(it.key()), V(it.value()));
       if (!r.ok()) continue;
       out.set_entries(out.entries() + 1);
       auto& g = groups[{ToHex(KeyToolchainId(r->key())), r->arch()}];
@@ -698,7 +1146,7 @@ absl::StatusOr<v1::StatsResponse> Store::Stats() {
       g.second += r->cubin_size();
       blobs.emplace(r->cubin_sha256(), r->cubin_size());
     }
-    if (auto st = FromRocks(it->status(), "stats"); !st.ok()) return st;
+    if (auto st = FromRocks(it.status(), "stats"); !st.ok()) return st;
   }
   for (const auto& [d, size] : blobs) out.set_blob_bytes(out.blob_bytes() + size);
   out.set_blobs(blobs.size());
@@ -710,19 +1158,21 @@ absl::StatusOr<v1::StatsResponse> Store::Stats() {
     g->set_bytes(v.second);
   }
   {
-    std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions(), cf_pins_));
-    for (it->SeekToFirst(); it->Valid(); it->Next()) {
+    SkippingScan it(db_, cf_pins_, "", "", &unreadable);
+    for (it.Start(); it.Valid(); it.Next()) {
       std::string v;
-      auto rs = db_->Get(rocksdb::ReadOptions(), cf_records_, it->key(), &v);
+      auto rs = db_->Get(rocksdb::ReadOptions(), cf_records_, it.key(), &v);
       if (rs.ok()) out.set_pinned(out.pinned() + 1);
     }
-    if (auto st = FromRocks(it->status(), "stats"); !st.ok()) return st;
+    if (auto st = FromRocks(it.status(), "stats"); !st.ok()) return st;
   }
   {
-    std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions(), cf_quarantine_));
-    for (it->SeekToFirst(); it->Valid(); it->Next()) out.set_quarantined(out.quarantined() + 1);
-    if (auto st = FromRocks(it->status(), "stats"); !st.ok()) return st;
+    SkippingScan it(db_, cf_quarantine_, "", "", &unreadable);
+    for (it.Start(); it.Valid(); it.Next()) out.set_quarantined(out.quarantined() + 1);
+    if (auto st = FromRocks(it.status(), "stats"); !st.ok()) return st;
   }
+  for (auto& u : unreadable) out.add_unreadable(std::move(u));
+  out.set_store_damage(damage());
   return out;
 }
 
@@ -773,8 +1223,10 @@ absl::StatusOr<uint64_t> Store::CollectBlobs(std::vector<std::string> digests) {
       held.push_back(d);
       std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions(), cf_refs_));
       it->Seek(S(d));
-      const bool referenced = it->Valid() && StartsWith(V(it->key()), d);
-      status.Update(FromRocks(it->status(), "collect blobs"));
+      // Refs that cannot be read (a damaged table file) may name the blob: keep it.
+      const bool damaged = it->status().IsCorruption();
+      const bool referenced = damaged || (it->Valid() && StartsWith(V(it->key()), d));
+      if (!damaged) status.Update(FromRocks(it->status(), "collect blobs"));
       if (referenced || !status.ok()) continue;
       rocksdb::PinnableSlice blob;
       auto rs = db_->Get(rocksdb::ReadOptions(), cf_blobs_, S(d), &blob);
@@ -855,13 +1307,18 @@ absl::StatusOr<v1::InvalidateResponse> Store::RemoveKeys(std::vector<std::string
 absl::StatusOr<v1::InvalidateResponse> Store::RemoveWhere(
     absl::FunctionRef<bool(const v1::KernelRecord&)> pred) {
   if (auto s = CheckWritable("invalidate"); !s.ok()) return s;
-  auto scanned = ScanRecords({}, {}, pred);
+  std::vector<std::string> unreadable;
+  auto scanned = ScanRecords({}, {}, pred, &unreadable);
   if (!scanned.ok()) return scanned.status();
   std::vector<std::string> keys;
   for (auto& s : *scanned) {
     if (s.decoded) keys.push_back(std::move(s.key));
   }
-  return RemoveKeys(std::move(keys), /*keep_pinned=*/false, 0);
+  auto out = RemoveKeys(std::move(keys), /*keep_pinned=*/false, 0);
+  if (out.ok()) {
+    for (auto& u : unreadable) out->add_unreadable(std::move(u));
+  }
+  return out;
 }
 
 absl::StatusOr<v1::EvictResponse> Store::Evict(uint64_t max_bytes,
@@ -870,15 +1327,26 @@ absl::StatusOr<v1::EvictResponse> Store::Evict(uint64_t max_bytes,
   if (auto s = FlushAccessStats(); !s.ok()) return s;
   const int64_t protect_after =
       Now() - absl::ToInt64Milliseconds(grace.value_or(options_.eviction_grace_period));
-  auto scanned = ScanRecords({}, {}, [](const v1::KernelRecord&) { return true; });
+  std::vector<std::string> unreadable;
+  auto scanned = ScanRecords({}, {}, [](const v1::KernelRecord&) { return true; }, &unreadable);
   if (!scanned.ok()) return scanned.status();
 
   absl::flat_hash_set<std::string> pinned;
+  // Key ranges whose pins cannot be read: what falls in them counts as pinned.
+  std::vector<std::pair<std::string, std::string>> unknown_pins;
   {
-    std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions(), cf_pins_));
-    for (it->SeekToFirst(); it->Valid(); it->Next()) pinned.emplace(V(it->key()));
-    if (auto st = FromRocks(it->status(), "evict"); !st.ok()) return st;
+    SkippingScan it(db_, cf_pins_, "", "", &unreadable);
+    for (it.Start(); it.Valid(); it.Next()) pinned.emplace(V(it.key()));
+    if (auto st = FromRocks(it.status(), "evict"); !st.ok()) return st;
+    unknown_pins = it.skipped();
   }
+  auto maybe_pinned = [&](const std::string& key) {
+    if (pinned.contains(key)) return true;
+    for (const auto& [from, to] : unknown_pins) {
+      if (key >= from && (to.empty() || key < to)) return true;
+    }
+    return false;
+  };
   struct Candidate {
     int64_t recency;
     size_t index;
@@ -894,7 +1362,7 @@ absl::StatusOr<v1::EvictResponse> Store::Evict(uint64_t max_bytes,
       ref.second = s.record.cubin_size();
       total += ref.second;
     }
-    if (pinned.contains(s.key)) continue;
+    if (maybe_pinned(s.key)) continue;
     auto stats = ReadAccessStats(s.key);
     if (!stats.ok()) return stats.status();
     int64_t recency = std::max(stats->last_used_unix_ms(), s.record.created_unix_ms());
@@ -902,6 +1370,7 @@ absl::StatusOr<v1::EvictResponse> Store::Evict(uint64_t max_bytes,
     candidates.push_back({recency, i});
   }
   v1::EvictResponse out;
+  for (auto& u : unreadable) out.add_unreadable(std::move(u));
   if (total <= max_bytes) return out;
   std::sort(candidates.begin(), candidates.end(), [&](const Candidate& a, const Candidate& b) {
     return a.recency != b.recency ? a.recency < b.recency
@@ -928,7 +1397,9 @@ absl::StatusOr<v1::InvalidateResponse> Store::InvalidateToolchain(
   auto raw = ParseToolchainIdHex(toolchain_id_hex);
   if (!raw.ok()) return raw.status();
   const KeyRange range = ToolchainRange(*raw);
-  auto scanned = ScanRecords(range.begin, range.end, [](const v1::KernelRecord&) { return true; });
+  std::vector<std::string> unreadable;
+  auto scanned = ScanRecords(range.begin, range.end, [](const v1::KernelRecord&) { return true; },
+                             &unreadable);
   if (!scanned.ok()) return scanned.status();
   rocksdb::WriteBatch batch;
   std::vector<std::string> digests;
@@ -960,6 +1431,8 @@ absl::StatusOr<v1::InvalidateResponse> Store::InvalidateToolchain(
   v1::InvalidateResponse out;
   out.set_removed_entries(scanned->size());
   out.set_freed_bytes(*freed);
+  // (The range delete removed the unreadable records of the range as well.)
+  for (auto& u : unreadable) out.add_unreadable(std::move(u));
   return out;
 }
 
@@ -1002,9 +1475,11 @@ absl::StatusOr<uint64_t> Store::CollectGarbage() {
   if (auto s = CheckWritable("gc"); !s.ok()) return s;
   // 1. refs rows whose record is gone or names another blob.
   std::vector<std::pair<std::string, std::string>> stale;  // (digest, key)
+  // Ranges that cannot be read are stepped over (nothing in them is collected).
   {
-    std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions(), cf_refs_));
-    for (it->SeekToFirst(); it->Valid(); it->Next()) {
+    SkippingScan scan(db_, cf_refs_, "", "", nullptr);
+    SkippingScan* it = &scan;
+    for (it->Start(); it->Valid(); it->Next()) {
       std::string_view rk = V(it->key());
       if (rk.size() != 32 + kKeySize) {
         stale.emplace_back(std::string(rk), "");
@@ -1038,9 +1513,10 @@ absl::StatusOr<uint64_t> Store::CollectGarbage() {
   }
   // 2. access statistics without a record.
   {
-    std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions(), cf_stats_));
+    SkippingScan scan(db_, cf_stats_, "", "", nullptr);
+    SkippingScan* it = &scan;
     std::vector<std::string> orphans;
-    for (it->SeekToFirst(); it->Valid(); it->Next()) {
+    for (it->Start(); it->Valid(); it->Next()) {
       std::string raw;
       if (db_->Get(rocksdb::ReadOptions(), cf_records_, it->key(), &raw).IsNotFound()) {
         orphans.emplace_back(V(it->key()));
@@ -1058,8 +1534,9 @@ absl::StatusOr<uint64_t> Store::CollectGarbage() {
   std::vector<std::string> candidates;
   {
     std::unique_ptr<rocksdb::Iterator> refs(db_->NewIterator(rocksdb::ReadOptions(), cf_refs_));
-    std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions(), cf_blobs_));
-    for (it->SeekToFirst(); it->Valid(); it->Next()) {
+    SkippingScan scan(db_, cf_blobs_, "", "", nullptr);
+    SkippingScan* it = &scan;
+    for (it->Start(); it->Valid(); it->Next()) {
       refs->Seek(it->key());
       if (!refs->Valid() || !StartsWith(V(refs->key()), V(it->key()))) {
         candidates.emplace_back(V(it->key()));
@@ -1081,6 +1558,7 @@ absl::StatusOr<ExportResult> Store::Export(const v1::Filter& filter,
   do {
     auto page = List(filter, 1000, token);
     if (!page.ok()) return page.status();
+    for (const auto& u : page->unreadable()) result.unreadable.push_back(u);
     for (const auto& e : page->entries()) {
       auto cubin = ReadVerifiedBlob(e.record());
       if (!cubin.ok()) {
@@ -1182,11 +1660,11 @@ absl::StatusOr<v1::ImportResponse> Store::Import(std::string_view bundle,
 
 absl::StatusOr<v1::ImportResponse> Store::ImportFile(const std::string& path,
                                                      const ImportOptions& options) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("import: cannot open ", path));
-  std::string data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (in.bad()) return absl::UnavailableError(absl::StrCat("import: cannot read ", path));
-  return Import(data, options);
+  auto data = ReadBundleFile(path);
+  if (!data.ok()) {
+    return absl::Status(data.status().code(), absl::StrCat("import: ", data.status().message()));
+  }
+  return Import(*data, options);
 }
 
 }  // namespace kcache

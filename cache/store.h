@@ -32,6 +32,21 @@
 // this way). A mismatch or a missing blob is never served: the entry moves to
 // the quarantine (record, time, reason), its bad blob is deleted, and the
 // lookup answers "not found" so that the caller recompiles.
+//
+// Damage (see docs/ops.md, "A damaged store"): a record or statistics row
+// that RocksDB cannot read (a failed block checksum) is a miss as well: the
+// key is quarantined (a tombstone hides the damaged bytes) and the next
+// publish overwrites it. Scans step over ranges they cannot read, report
+// them in `unreadable` and finish. A compaction that meets a damaged table
+// file leaves it in place (the store stays writable) and the store says so
+// in damage(); `kcache repair` (Store::Repair) removes such files for good.
+// A directory that holds a store is never opened with create_if_missing: a
+// lost CURRENT or MANIFEST is refused with a message naming the repair. A
+// full disk makes writes fail with Unavailable while reads go on; a store
+// that cannot be opened for writing because the disk is full is opened
+// read-only (read_only_reason() says why). RocksDB's info log goes through
+// a logger that drops lines it cannot write, never through RocksDB's own
+// file writer (which asserts when reused after a failed write).
 #pragma once
 
 #include <cstdint>
@@ -60,6 +75,7 @@ namespace rocksdb {
 class DB;
 class ColumnFamilyHandle;
 class Cache;
+class Env;
 }  // namespace rocksdb
 
 namespace kcache {
@@ -69,6 +85,12 @@ struct StoreOptions {
   // store). Mutating calls then return FailedPrecondition; lookups still
   // verify digests but cannot quarantine (they answer "not found").
   bool read_only = false;
+  // When a writable open fails because the disk is full, open read-only
+  // instead: hits are served, mutating calls return Unavailable saying why.
+  bool read_only_when_disk_full = true;
+  // For tests: the Env RocksDB uses (null = the default), e.g. one whose
+  // files fail writes with "no space left". Not owned.
+  rocksdb::Env* env = nullptr;
   // The in-memory layer's budget; 0 disables it.
   size_t hot_cache_bytes = size_t{256} << 20;
   // RocksDB block cache shared by all column families.
@@ -100,6 +122,18 @@ struct ExportResult {
   uint64_t exported = 0;
   // Entries left out because their blob failed the digest check (now quarantined).
   std::vector<std::string> quarantined_keys;
+  // Key ranges of the records that could not be read (damaged table files).
+  std::vector<std::string> unreadable;
+};
+
+// What Store::Repair did.
+struct RepairResult {
+  // Files RepairDB could not use, moved to DIR/lost/ (their entries are gone
+  // and are recompiled on demand).
+  std::vector<std::string> moved_to_lost;
+  uint64_t entries = 0;      // readable entries after the repair
+  uint64_t quarantined = 0;  // entries whose blob was lost with a damaged file
+  uint64_t freed_bytes = 0;  // blobs no entry names any more
 };
 
 class Store {
@@ -110,6 +144,21 @@ class Store {
   // writing (message says so) or the store format is unknown; NotFound when
   // read_only and no store exists; otherwise the mapped RocksDB error.
   static absl::StatusOr<std::unique_ptr<Store>> Open(const std::string& path, StoreOptions options);
+
+  // Rebuilds the store's metadata (CURRENT, MANIFEST) from its table files
+  // and logs with RocksDB's RepairDB, moving files it cannot read to
+  // `path`/lost/, then opens the store, collects garbage and verifies every
+  // entry (quarantining those whose blob was lost). The store must not be
+  // open anywhere (FailedPrecondition naming the lock otherwise). NotFound
+  // when `path` holds no store files.
+  static absl::StatusOr<RepairResult> Repair(const std::string& path);
+
+  // Why the store is read-only when it was opened writable (disk full at
+  // open); empty otherwise.
+  const std::string& read_only_reason() const { return read_only_reason_; }
+  // Damage found in the background (a compaction that met a table file it
+  // cannot read), as a message for people; empty when none was seen.
+  std::string damage() const;
 
   // Closes on destruction (errors are then dropped; call Close to see them).
   ~Store();
@@ -255,15 +304,24 @@ class Store {
       absl::FunctionRef<bool(const v1::KernelRecord&)> pred);
   absl::StatusOr<v1::InvalidateResponse> RemoveKeys(std::vector<std::string> keys, bool keep_pinned,
                                                     int64_t protect_after_ms);
+  // Records in [begin, end) (whole store when both are empty) for which
+  // `pred` holds, plus those that do not decode (decoded = false). Ranges
+  // that cannot be read are appended to `unreadable` (may be null).
   absl::StatusOr<std::vector<Scanned>> ScanRecords(
       std::string_view begin, std::string_view end,
-      absl::FunctionRef<bool(const v1::KernelRecord&)> pred);
+      absl::FunctionRef<bool(const v1::KernelRecord&)> pred,
+      std::vector<std::string>* unreadable = nullptr);
   absl::StatusOr<v1::AccessStats> ReadAccessStats(std::string_view key);
   absl::StatusOr<bool> IsPinned(std::string_view key);
   void FlusherLoop();
 
   const std::string path_;
   const StoreOptions options_;
+  // options_.read_only, or true after a disk-full fallback (then the reason).
+  bool read_only_ = false;
+  std::string read_only_reason_;
+  class DamageListener;
+  std::shared_ptr<DamageListener> damage_;
   rocksdb::DB* db_ = nullptr;
   std::shared_ptr<rocksdb::Cache> block_cache_;
   rocksdb::ColumnFamilyHandle* cf_default_ = nullptr;

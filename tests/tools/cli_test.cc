@@ -3,6 +3,7 @@
 // a fresh temporary directory (records made as the compiler makes them).
 #include "tools/kcache/cli.h"
 
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -14,6 +15,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "rocksdb/db.h"
+#include "rocksdb/metadata.h"
 #include "tests/cache/test_util.h"
 #include "tools/kcache/args.h"
 #include "tools/kcache/manifest.h"
@@ -424,6 +426,135 @@ TEST(Cli, HelpForEveryCommandAndUnavailableStores) {
   CliRun r = Kcache({"--socket", dir.Sub("none.sock"), "--timeout", "1s", "status"});
   EXPECT_EQ(r.code, 3) << Show(r);
   EXPECT_THAT(r.err, HasSubstr("no kcache daemon"));
+}
+
+
+// --- hostile input (issue 17.9) and damaged stores (17.2, 17.3) ------------------
+
+std::string Repeat(const std::string& s, int n) {
+  std::string out;
+  for (int i = 0; i < n; ++i) out += s;
+  return out;
+}
+
+// An alias bomb: each level names the one before ten times (10^9 values).
+std::string AliasBomb() {
+  std::string spec = "{l0: &l0 [1,1,1,1,1,1,1,1,1,1]";
+  for (int i = 1; i < 10; ++i) {
+    spec += absl::StrCat(", l", i, ": &l", i, " [");
+    for (int j = 0; j < 10; ++j) spec += absl::StrCat(j ? "," : "", "*l", i - 1);
+    spec += "]";
+  }
+  return "archs: [sm_80]\nspecs: [{name: bomb, spec: " + spec + "}}]\n";
+}
+
+// These used to abort `kcache warm` (an uncaught yaml-cpp or nlohmann::json
+// exception) or run it out of memory.
+TEST(Manifest, HostileManifestsAreRefusedWithTheReasonNeverACrash) {
+  struct Case {
+    std::string text, expected;
+  };
+  std::vector<Case> cases = {
+      {"archs: [sm_80]\nspecs: [{name: {a: 1}, spec: {}}]\n", "specs[0].name: expected a plain"},
+      {"archs: [sm_80]\nspecs: [{name: [a, b], spec: {}}]\n", "specs[0].name: expected a plain"},
+      {"? [a, b]\n: 1\nspecs: [{spec: {}}]\n", "a top-level key"},
+      {"archs: [sm_80]\nspecs: [{? {x: 1} : 2, spec: {}}]\n", "specs[0]: a key"},
+      {"archs: [sm_80]\nspecs: [{name: a, spec: {? [x] : 1}}]\n", "specs[0] (a).spec: a key"},
+      {"archs: [sm_80]\nspecs: [{name: \"\xff\xfe\", spec: {}}]\n", ""},
+      {"archs: [sm_80]\nspecs: [{name: a, spec: {dtype: \"\xc3\x28\"}}]\n", ""},
+      {"archs: [sm_80]\nspecs: [{name: a, spec: {\"\xe2\x82\": 1}}]\n", ""},
+      {"archs: [\"sm_8\xff\"]\nspecs: [{name: a, spec: {}}]\n", "archs[0]"},
+      {AliasBomb(), "too large"},
+      {"archs: [sm_80]\nspecs: [{name: a, spec: " + Repeat("{a: ", 100) + "1" + Repeat("}", 100) +
+           "}]\n",
+       "nested too deeply"},
+      {Repeat("[", 20000) + Repeat("]", 20000), ""},
+  };
+  for (const auto& c : cases) {
+    auto r = ParseManifest(c.text);
+    EXPECT_THAT(r, StatusIs(absl::StatusCode::kInvalidArgument)) << c.text.substr(0, 200);
+    EXPECT_THAT(std::string(r.status().message()), HasSubstr(c.expected))
+        << c.text.substr(0, 200);
+  }
+}
+
+TEST(Manifest, HostileFilesExitTwoFromWarm) {
+  TempDir dir;
+  const std::string bomb = dir.Sub("bomb.yaml");
+  std::ofstream(bomb) << AliasBomb();
+  for (const std::string& path : {bomb, std::string("/dev/zero")}) {
+    CliRun r = Kcache({"warm", "--socket", dir.Sub("none.sock"), path});
+    EXPECT_EQ(r.code, 2) << path << "\n" << Show(r);
+    EXPECT_THAT(r.err, Not(IsEmpty()));
+  }
+}
+
+TEST_F(StoreCli, ImportOfDevZeroOrAnythingElseExitsTwoAtOnce) {
+  for (const std::string& path : {std::string("/dev/zero"), std::string("/dev/urandom")}) {
+    CliRun r = Do({"import", "--allow-foreign-toolchain", path});
+    EXPECT_EQ(r.code, 2) << Show(r);
+    EXPECT_THAT(r.err, HasSubstr("not a kcache bundle")) << Show(r);
+  }
+  auto st = Store::Open(store_dir(), StoreOptions{});
+  ASSERT_TRUE(st.ok());
+  EXPECT_THAT((*st)->ImportFile("/dev/zero", ImportOptions{"", true}),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+}
+
+TEST_F(StoreCli, ALostCurrentIsReportedWithTheRepairAndRepairBringsTheEntriesBack) {
+  std::filesystem::remove(store_dir() + "/CURRENT");
+  for (const char* cmd : {"ls", "stats", "verify"}) {
+    CliRun r = Do({cmd});
+    EXPECT_EQ(r.code, 1) << Show(r);
+    EXPECT_THAT(r.err, HasSubstr("CURRENT file is missing")) << Show(r);
+    EXPECT_THAT(r.err, HasSubstr("kcache repair --store")) << Show(r);
+  }
+  EXPECT_FALSE(std::filesystem::exists(store_dir() + "/CURRENT"));
+  CliRun via_daemon = Kcache({"repair", "--socket", "/nonexistent.sock"});
+  EXPECT_EQ(via_daemon.code, 2) << Show(via_daemon);
+  CliRun repaired = Do({"repair"});
+  ASSERT_EQ(repaired.code, 0) << Show(repaired);
+  EXPECT_THAT(repaired.out, HasSubstr("6 entries readable"));
+  EXPECT_EQ(ListedKeys({}).size(), 6u);
+}
+
+TEST_F(StoreCli, ScansOfADamagedRecordsTableFinishAndSayWhatTheySkipped) {
+  {
+    // Flush the records to a table file, then flip one byte in it.
+    auto s = Store::Open(store_dir(), StoreOptions{});
+    ASSERT_TRUE(s.ok());
+    std::vector<rocksdb::LiveFileMetaData> files;
+    (*s)->raw_db_for_testing()->GetLiveFilesMetaData(&files);
+    ASSERT_TRUE((*s)->Close().ok());
+    for (const auto& f : files) {
+      if (f.column_family_name != "records") continue;
+      std::fstream io(store_dir() + f.name, std::ios::in | std::ios::out | std::ios::binary);
+      io.seekg(20);
+      char c = 0;
+      io.read(&c, 1);
+      c ^= 0x08;
+      io.seekp(20);
+      io.write(&c, 1);
+    }
+  }
+  for (std::vector<std::string> cmd :
+       {std::vector<std::string>{"ls"}, {"stats"}, {"invalidate", "--arch", "sm_70"},
+        {"gc", "--max-bytes", "1T"}}) {
+    CliRun r = Do(cmd);
+    EXPECT_EQ(r.code, 0) << Show(r);
+    EXPECT_THAT(r.err, HasSubstr("skipped what could not be read: records: keys")) << Show(r);
+    EXPECT_THAT(r.err, HasSubstr("kcache repair")) << Show(r);
+  }
+  CliRun v = Do({"verify"});
+  EXPECT_EQ(v.code, 1) << Show(v);
+  EXPECT_THAT(v.err, HasSubstr("skipped what could not be read")) << Show(v);
+  CliRun x = Do({"export", "--out", dir_.Sub("x.kcb")});
+  EXPECT_EQ(x.code, 0) << Show(x);
+  CliRun repaired = Do({"repair"});
+  ASSERT_EQ(repaired.code, 0) << Show(repaired);
+  EXPECT_THAT(repaired.out, HasSubstr("moved to lost/"));
+  CliRun clean = Do({"verify"});
+  EXPECT_EQ(clean.code, 0) << Show(clean);
 }
 
 }  // namespace

@@ -268,7 +268,16 @@ absl::StatusOr<std::unique_ptr<Admin>> ConnectDaemon(const std::string& target,
 absl::StatusOr<std::unique_ptr<Admin>> OpenStore(const std::string& dir, const ConnectOptions& o,
                                                  bool mutate, bool create) {
   std::error_code ec;
-  if (!create && !fs::exists(fs::path(dir) / "CURRENT", ec)) {
+  // A directory with store files but no CURRENT is a damaged store, not a
+  // missing one: Store::Open says so and how to repair it.
+  auto holds_store_files = [&] {
+    for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+      const std::string n = it->path().filename().string();
+      if (n.starts_with("MANIFEST-") || n.ends_with(".sst") || n.ends_with(".log")) return true;
+    }
+    return false;
+  };
+  if (!create && !fs::exists(fs::path(dir) / "CURRENT", ec) && !holds_store_files()) {
     return absl::UnavailableError(absl::StrCat("no kcache store at ", dir));
   }
   StoreOptions so;

@@ -22,6 +22,7 @@
 #include "cache/bundle.h"
 #include "cache/digest.h"
 #include "cache/key.h"
+#include "cache/store.h"
 #include "compiler/attention/spec_json.h"
 #ifdef KCACHE_TOOLS_WITH_LLVM
 #include "compiler/cubin_elf.h"
@@ -171,6 +172,13 @@ const std::vector<Command>& Commands() {
        true,
        "re-hash every cubin; quarantine and report corrupt entries (exit 1 if any)",
        {}},
+      {"repair",
+       "",
+       0,
+       0,
+       true,
+       "rebuild a damaged store's metadata from its files (--store DIR; stop kcached first)",
+       {}},
   };
   return *c;
 }
@@ -290,7 +298,8 @@ class Cli {
         {"warm", &Cli::Warm},     {"export", &Cli::Export},
         {"import", &Cli::Import}, {"invalidate", &Cli::Invalidate},
         {"gc", &Cli::Gc},         {"pin", &Cli::Pin},
-        {"unpin", &Cli::Unpin},   {"verify", &Cli::Verify}};
+        {"unpin", &Cli::Unpin},   {"verify", &Cli::Verify},
+        {"repair", &Cli::Repair}};
     return (this->*kRun.at(cmd_->name))();
   }
 
@@ -418,6 +427,18 @@ class Cli {
 
   void PrintJson(const json& j) { io_.out << j.dump(2) << "\n"; }
 
+  // Store ranges a scan had to skip (damaged table files), on stderr.
+  template <typename Lines>
+  void WarnUnreadable(const Lines& unreadable) {
+    for (const auto& u : unreadable) {
+      io_.err << "kcache: " << cmd_->name << ": skipped what could not be read: " << u << "\n";
+    }
+    if (!unreadable.empty()) {
+      io_.err << "kcache: " << cmd_->name
+              << ": the store is damaged; see `kcache repair --help` and docs/ops.md\n";
+    }
+  }
+
   // --- status / stats --------------------------------------------------------
 
   struct ToolchainRow {
@@ -463,6 +484,8 @@ class Cli {
     } else {
       text(*admin, *s);
     }
+    WarnUnreadable(s->unreadable());
+    if (!s->store_damage().empty()) io_.err << "kcache: " << s->store_damage() << "\n";
     return kExitOk;
   }
 
@@ -572,6 +595,7 @@ class Cli {
     do {
       auto page = admin->List(filter, 1000, token);
       if (!page.ok()) return Fail(page.status());
+      WarnUnreadable(page->unreadable());
       for (auto& e : *page->mutable_entries()) entries.push_back(std::move(e));
       token = page->next_page_token();
       // Without a sort the store's key order is the answer: stop early.
@@ -864,15 +888,8 @@ class Cli {
     return kExitOk;
   }
 
-  static absl::StatusOr<std::string> ReadWhole(const std::string& path) {
-    std::ifstream in(path, std::ios::binary);
-    if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path));
-    std::stringstream ss;
-    ss << in.rdbuf();
-    return ss.str();
-  }
   static absl::StatusOr<uint64_t> CountBundle(const std::string& path) {
-    auto bytes = ReadWhole(path);
+    auto bytes = ReadBundleFile(path);
     if (!bytes.ok()) return bytes.status();
     auto entries = DecodeBundle(*bytes);
     if (!entries.ok()) return entries.status();
@@ -886,8 +903,9 @@ class Cli {
       if (conn_.store.empty()) return Usage("--toolchain is for --store (a daemon uses its own)");
       conn_.toolchain_id = a_.get("toolchain");
     }
-    // Every digest is checked here before anything is sent or written.
-    auto bytes = ReadWhole(file);
+    // Every digest is checked here before anything is sent or written. The
+    // read is bounded and refuses a file that is not a bundle at once.
+    auto bytes = ReadBundleFile(file);
     if (!bytes.ok()) return Usage(bytes.status().message());
     auto entries = DecodeBundle(*bytes);
     if (!entries.ok()) return Fail(entries.status(), file);
@@ -953,6 +971,7 @@ class Cli {
     if (!admin) return exit_;
     auto r = admin->Invalidate(req);
     if (!r.ok()) return Fail(r.status());
+    WarnUnreadable(r->unreadable());
     if (json_) {
       PrintJson(ProtoToJson(*r));
     } else {
@@ -976,6 +995,7 @@ class Cli {
     if (!admin) return exit_;
     auto r = admin->Evict(*max, grace);
     if (!r.ok()) return Fail(r.status());
+    WarnUnreadable(r->unreadable());
     if (json_) {
       PrintJson(ProtoToJson(*r));
     } else {
@@ -1007,6 +1027,7 @@ class Cli {
     if (!admin) return exit_;
     auto r = admin->Verify();
     if (!r.ok()) return Fail(r.status());
+    WarnUnreadable(r->unreadable());
     if (json_) {
       PrintJson(ProtoToJson(*r));
     } else {
@@ -1017,6 +1038,39 @@ class Cli {
       io_.err << "kcache: verify: " << r->corrupt()
               << " corrupt entries were quarantined (they will be recompiled on demand)\n";
       return kExitFailed;
+    }
+    return r->unreadable().empty() ? kExitOk : kExitFailed;
+  }
+
+  int Repair() {
+    // RepairDB needs the store to itself: never through a daemon.
+    std::string dir = conn_.store.empty() ? std::string(kDefaultStore) : conn_.store;
+    if (!conn_.socket.empty() || !conn_.target.empty()) {
+      return Usage("repair works on a store directory (--store DIR) with kcached stopped");
+    }
+    auto r = kcache::Store::Repair(dir);
+    if (!r.ok()) {
+      if (absl::IsFailedPrecondition(r.status()) || absl::StrContains(r.status().message(), "lock")) {
+        return Fail(absl::UnavailableError(absl::StrCat(
+            "the store ", dir, " is in use (a running kcached?); stop it first: ",
+            r.status().message())));
+      }
+      if (absl::IsNotFound(r.status())) return Fail(absl::UnavailableError(r.status().message()));
+      return Fail(r.status());
+    }
+    if (json_) {
+      PrintJson({{"store", dir},
+                 {"moved_to_lost", r->moved_to_lost},
+                 {"entries", r->entries},
+                 {"quarantined", r->quarantined},
+                 {"freed_bytes", r->freed_bytes}});
+    } else {
+      io_.out << "repaired " << dir << ": " << r->entries << " entries readable, "
+              << r->quarantined << " quarantined (their cubin was lost), "
+              << HumanBytes(r->freed_bytes) << " of unreferenced cubins freed\n";
+      for (const auto& f : r->moved_to_lost) {
+        io_.out << "moved to lost/: " << f << " (unreadable; its entries are recompiled on demand)\n";
+      }
     }
     return kExitOk;
   }

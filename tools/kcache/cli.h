@@ -1,6 +1,7 @@
 // The `kcache` ops command line as a library function, so that tests drive
 // it in process and `main` stays a thin wrapper. Commands: status, stats,
-// ls, show, warm, export, import, invalidate, gc, pin, unpin, verify.
+// ls, show, warm, export, import, invalidate, gc, pin, unpin, verify,
+// repair.
 // `kcache --help` and docs/ops.md describe them.
 #pragma once
 

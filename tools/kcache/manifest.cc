@@ -6,6 +6,8 @@
 #include <yaml-cpp/yaml.h>
 
 #include <fstream>
+#include <new>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
@@ -17,22 +19,84 @@
 namespace kcache::tools {
 namespace {
 
+// Bounds on what a manifest may make us build: a YAML alias repeated inside
+// aliases (an "alias bomb") expands exponentially when converted.
+constexpr size_t kMaxManifestBytes = size_t{16} << 20;
+constexpr size_t kMaxNodes = 1'000'000;
+constexpr int kMaxDepth = 64;
+
+// Thrown (and caught in ParseManifest) for input that does not fit.
+struct ManifestError {
+  std::string message;
+};
+
+bool ValidUtf8(std::string_view s) {
+  size_t i = 0;
+  while (i < s.size()) {
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    size_t n;
+    uint32_t cp;
+    if (c < 0x80) {
+      ++i;
+      continue;
+    } else if ((c & 0xe0) == 0xc0) {
+      n = 1, cp = c & 0x1f;
+    } else if ((c & 0xf0) == 0xe0) {
+      n = 2, cp = c & 0x0f;
+    } else if ((c & 0xf8) == 0xf0) {
+      n = 3, cp = c & 0x07;
+    } else {
+      return false;
+    }
+    if (i + n >= s.size()) return false;
+    for (size_t k = 1; k <= n; ++k) {
+      const unsigned char d = static_cast<unsigned char>(s[i + k]);
+      if ((d & 0xc0) != 0x80) return false;
+      cp = (cp << 6) | (d & 0x3f);
+    }
+    if ((n == 1 && cp < 0x80) || (n == 2 && (cp < 0x800 || (cp >= 0xd800 && cp <= 0xdfff))) ||
+        (n == 3 && (cp < 0x10000 || cp > 0x10ffff))) {
+      return false;
+    }
+    i += n + 1;
+  }
+  return true;
+}
+
+// A scalar's text: the node must be a scalar of valid UTF-8.
+std::string Text(const YAML::Node& n, const std::string& where) {
+  if (!n.IsScalar()) throw ManifestError{absl::StrCat(where, ": expected a plain value, not a ",
+                                                      n.IsMap() ? "mapping" : n.IsSequence() ? "list" : "null")};
+  if (!ValidUtf8(n.Scalar())) throw ManifestError{absl::StrCat(where, ": not valid UTF-8")};
+  return n.Scalar();
+}
+
 // YAML scalars are untyped; plain ones that read as booleans or numbers
-// become JSON booleans and numbers, quoted ones stay strings.
-nlohmann::json ToJson(const YAML::Node& n) {
+// become JSON booleans and numbers, quoted ones stay strings. `budget`
+// counts the nodes converted (aliases count each time they are expanded).
+nlohmann::json ToJson(const YAML::Node& n, const std::string& where, size_t& budget, int depth = 0) {
+  if (budget == 0 || --budget == 0) {
+    throw ManifestError{absl::StrCat(where, ": too large (more than ", kMaxNodes,
+                                     " values once aliases are expanded)")};
+  }
+  if (depth > kMaxDepth) throw ManifestError{absl::StrCat(where, ": nested too deeply")};
   switch (n.Type()) {
     case YAML::NodeType::Map: {
       nlohmann::json j = nlohmann::json::object();
-      for (const auto& kv : n) j[kv.first.as<std::string>()] = ToJson(kv.second);
+      for (const auto& kv : n) {
+        std::string k = Text(kv.first, absl::StrCat(where, ": a key"));
+        j[k] = ToJson(kv.second, absl::StrCat(where, ".", k), budget, depth + 1);
+      }
       return j;
     }
     case YAML::NodeType::Sequence: {
       nlohmann::json j = nlohmann::json::array();
-      for (const auto& v : n) j.push_back(ToJson(v));
+      size_t i = 0;
+      for (const auto& v : n) j.push_back(ToJson(v, absl::StrCat(where, "[", i++, "]"), budget, depth + 1));
       return j;
     }
     case YAML::NodeType::Scalar: {
-      const std::string& s = n.Scalar();
+      const std::string& s = Text(n, where);
       if (n.Tag() == "!") return s;  // quoted
       if (s == "true" || s == "True") return true;
       if (s == "false" || s == "False") return false;
@@ -55,7 +119,10 @@ absl::StatusOr<std::vector<std::string>> Archs(const YAML::Node& n, const std::s
   std::vector<std::string> out;
   for (size_t i = 0; i < n.size(); ++i) {
     const YAML::Node& a = n[i];
-    if (!a.IsScalar() || a.Scalar().rfind("sm_", 0) != 0 || a.Scalar().size() < 5) {
+    if (!a.IsScalar() || a.Scalar().rfind("sm_", 0) != 0 || a.Scalar().size() < 5 ||
+        a.Scalar().size() > 32 ||
+        a.Scalar().find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789_") !=
+            std::string::npos) {
       return absl::InvalidArgumentError(
           absl::StrCat(where, "[", i, "]: not an architecture like sm_90a"));
     }
@@ -66,18 +133,21 @@ absl::StatusOr<std::vector<std::string>> Archs(const YAML::Node& n, const std::s
 
 }  // namespace
 
-absl::StatusOr<std::vector<WarmItem>> ParseManifest(std::string_view text) {
+namespace {
+
+absl::StatusOr<std::vector<WarmItem>> Parse(std::string_view text) {
   YAML::Node root;
   try {
     root = YAML::Load(std::string(text));
   } catch (const YAML::Exception& e) {
     return absl::InvalidArgumentError(absl::StrCat("manifest: ", e.what()));
   }
+  size_t budget = kMaxNodes;
   if (!root.IsMap()) {
     return absl::InvalidArgumentError("manifest: expected a mapping with 'specs' (and 'archs')");
   }
   for (const auto& kv : root) {
-    std::string k = kv.first.as<std::string>();
+    std::string k = Text(kv.first, "manifest: a top-level key");
     if (k != "archs" && k != "specs") {
       return absl::InvalidArgumentError(
           absl::StrCat("manifest: unknown key '", k, "' (expected archs, specs)"));
@@ -99,9 +169,13 @@ absl::StatusOr<std::vector<WarmItem>> ParseManifest(std::string_view text) {
     const YAML::Node e = specs[i];
     std::string where = absl::StrCat("specs[", i, "]");
     if (!e.IsMap()) return absl::InvalidArgumentError(absl::StrCat(where, ": expected a mapping"));
-    if (e["name"]) absl::StrAppend(&where, " (", e["name"].as<std::string>(), ")");
+    std::optional<std::string> given_name;
+    if (e["name"]) {
+      given_name = Text(e["name"], absl::StrCat(where, ".name"));
+      absl::StrAppend(&where, " (", *given_name, ")");
+    }
     for (const auto& kv : e) {
-      std::string k = kv.first.as<std::string>();
+      std::string k = Text(kv.first, absl::StrCat(where, ": a key"));
       if (k != "name" && k != "archs" && k != "spec") {
         return absl::InvalidArgumentError(
             absl::StrCat(where, ": unknown key '", k, "' (expected name, archs, spec)"));
@@ -110,7 +184,7 @@ absl::StatusOr<std::vector<WarmItem>> ParseManifest(std::string_view text) {
     if (!e["spec"] || !e["spec"].IsMap()) {
       return absl::InvalidArgumentError(absl::StrCat(where, ": 'spec' (a mapping) is missing"));
     }
-    auto spec = attention::ParseSpecJson(ToJson(e["spec"]).dump());
+    auto spec = attention::ParseSpecJson(ToJson(e["spec"], where + ".spec", budget).dump());
     if (!spec.ok()) {
       return absl::InvalidArgumentError(absl::StrCat(where, ": ", spec.status().message()));
     }
@@ -124,7 +198,7 @@ absl::StatusOr<std::vector<WarmItem>> ParseManifest(std::string_view text) {
       return absl::InvalidArgumentError(
           absl::StrCat(where, ": no archs (give 'archs' here or at the top)"));
     }
-    std::string name = e["name"] ? e["name"].as<std::string>() : attention::DescribeSpec(*spec);
+    std::string name = given_name ? *given_name : attention::DescribeSpec(*spec);
     if (!names.insert(name).second) {
       return absl::InvalidArgumentError(
           absl::StrCat(where, ": the name '", name, "' is used twice (names must be unique)"));
@@ -134,12 +208,40 @@ absl::StatusOr<std::vector<WarmItem>> ParseManifest(std::string_view text) {
   return out;
 }
 
+}  // namespace
+
+absl::StatusOr<std::vector<WarmItem>> ParseManifest(std::string_view text) {
+  if (text.size() > kMaxManifestBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("manifest: larger than ", kMaxManifestBytes, " bytes"));
+  }
+  // Every way a hostile manifest can fail ends here as InvalidArgument:
+  // yaml-cpp and nlohmann::json report bad input by throwing.
+  try {
+    return Parse(text);
+  } catch (const ManifestError& e) {
+    return absl::InvalidArgumentError(e.message);
+  } catch (const YAML::Exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat("manifest: ", e.what()));
+  } catch (const nlohmann::json::exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat("manifest: ", e.what()));
+  } catch (const std::bad_alloc&) {
+    return absl::InvalidArgumentError("manifest: too large to hold in memory");
+  }
+}
+
 absl::StatusOr<std::vector<WarmItem>> LoadManifest(const std::string& path) {
-  std::ifstream in(path);
+  std::ifstream in(path, std::ios::binary);
   if (!in) return absl::InvalidArgumentError(absl::StrCat("manifest ", path, ": cannot read it"));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  auto r = ParseManifest(ss.str());
+  // Bounded read: /dev/zero or a huge file is refused, not loaded.
+  std::string text(kMaxManifestBytes + 1, '\0');
+  in.read(text.data(), static_cast<std::streamsize>(text.size()));
+  text.resize(static_cast<size_t>(in.gcount()));
+  if (text.size() > kMaxManifestBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": larger than ", kMaxManifestBytes, " bytes, not a manifest"));
+  }
+  auto r = ParseManifest(text);
   if (!r.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": ", r.status().message()));
   }
