@@ -14,6 +14,9 @@ ENTRY_ROLE_BACKWARD_PREPROCESS: EntryRole
 ENTRY_ROLE_FORWARD: EntryRole
 ENTRY_ROLE_MASK_BUILD: EntryRole
 ENTRY_ROLE_UNSPECIFIED: EntryRole
+NUMERIC_CHECK_PASSED: NumericCheckState
+NUMERIC_CHECK_UNCHECKED: NumericCheckState
+NUMERIC_CHECK_UNSPECIFIED: NumericCheckState
 
 class AccessStats(_message.Message):
     __slots__ = ["hits", "last_used_unix_ms"]
@@ -42,7 +45,7 @@ class EntryPoint(_message.Message):
     def __init__(self, name: _Optional[str] = ..., role: _Optional[_Union[EntryRole, str]] = ..., threads: _Optional[int] = ..., dynamic_smem_bytes: _Optional[int] = ..., block_m: _Optional[int] = ..., block_n: _Optional[int] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ...) -> None: ...
 
 class KernelRecord(_message.Message):
-    __slots__ = ["abi_version", "arch", "compile_log", "compile_time_us", "created_unix_ms", "cubin_sha256", "cubin_size", "deterministic_backward", "entry_points", "format_version", "key", "raw", "spec", "template_digest", "toolchain", "verified", "verified_on"]
+    __slots__ = ["abi_version", "arch", "compile_log", "compile_time_us", "created_unix_ms", "cubin_sha256", "cubin_size", "deterministic_backward", "entry_points", "format_version", "key", "numeric_check", "raw", "spec", "template_digest", "toolchain", "verified", "verified_on"]
     ABI_VERSION_FIELD_NUMBER: _ClassVar[int]
     ARCH_FIELD_NUMBER: _ClassVar[int]
     COMPILE_LOG_FIELD_NUMBER: _ClassVar[int]
@@ -54,6 +57,7 @@ class KernelRecord(_message.Message):
     ENTRY_POINTS_FIELD_NUMBER: _ClassVar[int]
     FORMAT_VERSION_FIELD_NUMBER: _ClassVar[int]
     KEY_FIELD_NUMBER: _ClassVar[int]
+    NUMERIC_CHECK_FIELD_NUMBER: _ClassVar[int]
     RAW_FIELD_NUMBER: _ClassVar[int]
     SPEC_FIELD_NUMBER: _ClassVar[int]
     TEMPLATE_DIGEST_FIELD_NUMBER: _ClassVar[int]
@@ -71,13 +75,30 @@ class KernelRecord(_message.Message):
     entry_points: _containers.RepeatedCompositeFieldContainer[EntryPoint]
     format_version: int
     key: bytes
+    numeric_check: NumericCheck
     raw: RawKernelInfo
     spec: _spec_pb2.AttentionSpec
     template_digest: str
     toolchain: Toolchain
     verified: bool
     verified_on: str
-    def __init__(self, format_version: _Optional[int] = ..., key: _Optional[bytes] = ..., toolchain: _Optional[_Union[Toolchain, _Mapping]] = ..., arch: _Optional[str] = ..., spec: _Optional[_Union[_spec_pb2.AttentionSpec, _Mapping]] = ..., template_digest: _Optional[str] = ..., cubin_sha256: _Optional[bytes] = ..., cubin_size: _Optional[int] = ..., entry_points: _Optional[_Iterable[_Union[EntryPoint, _Mapping]]] = ..., abi_version: _Optional[int] = ..., verified: bool = ..., verified_on: _Optional[str] = ..., compile_time_us: _Optional[int] = ..., created_unix_ms: _Optional[int] = ..., compile_log: _Optional[str] = ..., deterministic_backward: bool = ..., raw: _Optional[_Union[RawKernelInfo, _Mapping]] = ...) -> None: ...
+    def __init__(self, format_version: _Optional[int] = ..., key: _Optional[bytes] = ..., toolchain: _Optional[_Union[Toolchain, _Mapping]] = ..., arch: _Optional[str] = ..., spec: _Optional[_Union[_spec_pb2.AttentionSpec, _Mapping]] = ..., template_digest: _Optional[str] = ..., cubin_sha256: _Optional[bytes] = ..., cubin_size: _Optional[int] = ..., entry_points: _Optional[_Iterable[_Union[EntryPoint, _Mapping]]] = ..., abi_version: _Optional[int] = ..., verified: bool = ..., verified_on: _Optional[str] = ..., compile_time_us: _Optional[int] = ..., created_unix_ms: _Optional[int] = ..., compile_log: _Optional[str] = ..., deterministic_backward: bool = ..., raw: _Optional[_Union[RawKernelInfo, _Mapping]] = ..., numeric_check: _Optional[_Union[NumericCheck, _Mapping]] = ...) -> None: ...
+
+class NumericCheck(_message.Message):
+    __slots__ = ["check_time_us", "device", "max_abs_error", "rel_l2_error", "state", "tolerance"]
+    CHECK_TIME_US_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    MAX_ABS_ERROR_FIELD_NUMBER: _ClassVar[int]
+    REL_L2_ERROR_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    TOLERANCE_FIELD_NUMBER: _ClassVar[int]
+    check_time_us: int
+    device: str
+    max_abs_error: float
+    rel_l2_error: float
+    state: NumericCheckState
+    tolerance: float
+    def __init__(self, state: _Optional[_Union[NumericCheckState, str]] = ..., max_abs_error: _Optional[float] = ..., rel_l2_error: _Optional[float] = ..., tolerance: _Optional[float] = ..., device: _Optional[str] = ..., check_time_us: _Optional[int] = ...) -> None: ...
 
 class PinInfo(_message.Message):
     __slots__ = ["pinned_unix_ms", "reason"]
@@ -140,4 +161,7 @@ class Toolchain(_message.Message):
     def __init__(self, compiler: _Optional[str] = ..., version: _Optional[str] = ..., build: _Optional[str] = ..., options: _Optional[_Iterable[str]] = ..., id: _Optional[str] = ...) -> None: ...
 
 class EntryRole(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = []
+
+class NumericCheckState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = []

@@ -15,7 +15,7 @@ from kcache.v1 import record_pb2 as kcache_dot_v1_dot_record__pb2
 from kcache.v1 import spec_pb2 as kcache_dot_v1_dot_spec__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17kcache/v1/service.proto\x12\tkcache.v1\x1a\x16kcache/v1/record.proto\x1a\x14kcache/v1/spec.proto\"\x80\x01\n\x10GetKernelRequest\x12&\n\x04spec\x18\x01 \x01(\x0b\x32\x18.kcache.v1.AttentionSpec\x12!\n\x06target\x18\x02 \x01(\x0b\x32\x11.kcache.v1.Target\x12!\n\x03raw\x18\x03 \x01(\x0b\x32\x14.kcache.v1.RawKernel\"^\n\x11GetKernelResponse\x12\'\n\x06record\x18\x01 \x01(\x0b\x32\x17.kcache.v1.KernelRecord\x12\r\n\x05\x63ubin\x18\x02 \x01(\x0c\x12\x11\n\tcache_hit\x18\x03 \x01(\x08\"\xd9\x01\n\x08Progress\x12(\n\x05phase\x18\x01 \x01(\x0e\x32\x19.kcache.v1.Progress.Phase\x12\x16\n\x0equeue_position\x18\x02 \x01(\r\x12\r\n\x05queue\x18\x03 \x01(\t\"|\n\x05Phase\x12\x15\n\x11PHASE_UNSPECIFIED\x10\x00\x12\x10\n\x0cPHASE_QUEUED\x10\x01\x12\x13\n\x0fPHASE_COMPILING\x10\x02\x12\x13\n\x0fPHASE_VERIFYING\x10\x03\x12\x0e\n\nPHASE_DONE\x10\x04\x12\x10\n\x0cPHASE_FAILED\x10\x05\"r\n\x0eGetKernelEvent\x12\'\n\x08progress\x18\x01 \x01(\x0b\x32\x13.kcache.v1.ProgressH\x00\x12.\n\x06result\x18\x02 \x01(\x0b\x32\x1c.kcache.v1.GetKernelResponseH\x00\x42\x07\n\x05\x65vent\"@\n\x0fPrefetchRequest\x12-\n\x08requests\x18\x01 \x03(\x0b\x32\x1b.kcache.v1.GetKernelRequest\"\xb4\x01\n\x0ePrefetchResult\x12.\n\x05state\x18\x01 \x01(\x0e\x32\x1f.kcache.v1.PrefetchResult.State\x12\x0b\n\x03key\x18\x02 \x01(\x0c\x12\r\n\x05\x65rror\x18\x03 \x01(\t\"V\n\x05State\x12\x15\n\x11STATE_UNSPECIFIED\x10\x00\x12\x10\n\x0cSTATE_CACHED\x10\x01\x12\x10\n\x0cSTATE_QUEUED\x10\x02\x12\x12\n\x0eSTATE_REJECTED\x10\x03\">\n\x10PrefetchResponse\x12*\n\x07results\x18\x01 \x03(\x0b\x32\x19.kcache.v1.PrefetchResult\"\xf7\x01\n\x06\x46ilter\x12\x14\n\x0ctoolchain_id\x18\x01 \x01(\t\x12\x0c\n\x04\x61rch\x18\x02 \x01(\t\x12\x11\n\tmask_kind\x18\x03 \x01(\t\x12\x1e\n\x16\x63reated_before_unix_ms\x18\x04 \x01(\x03\x12\x1c\n\x14unused_since_unix_ms\x18\x05 \x01(\x03\x12(\n\x06pinned\x18\x06 \x01(\x0e\x32\x18.kcache.v1.Filter.Pinned\x12\x12\n\nkey_prefix\x18\x07 \x01(\x0c\":\n\x06Pinned\x12\x0e\n\nPINNED_ANY\x10\x00\x12\x0f\n\x0bPINNED_ONLY\x10\x01\x12\x0f\n\x0bPINNED_NONE\x10\x02\"o\n\x0c\x45ntrySummary\x12\'\n\x06record\x18\x01 \x01(\x0b\x32\x17.kcache.v1.KernelRecord\x12&\n\x06\x61\x63\x63\x65ss\x18\x02 \x01(\x0b\x32\x16.kcache.v1.AccessStats\x12\x0e\n\x06pinned\x18\x03 \x01(\x08\"\x0e\n\x0cStatsRequest\"P\n\nGroupStats\x12\x14\n\x0ctoolchain_id\x18\x01 \x01(\t\x12\x0c\n\x04\x61rch\x18\x02 \x01(\t\x12\x0f\n\x07\x65ntries\x18\x03 \x01(\x04\x12\r\n\x05\x62ytes\x18\x04 \x01(\x04\"7\n\nQueueStats\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x64\x65pth\x18\x02 \x01(\r\x12\x0c\n\x04\x62usy\x18\x03 \x01(\x08\"\x8f\x03\n\rStatsResponse\x12\x0f\n\x07\x65ntries\x18\x01 \x01(\x04\x12\x12\n\nblob_bytes\x18\x02 \x01(\x04\x12\r\n\x05\x62lobs\x18\x03 \x01(\x04\x12\x0e\n\x06pinned\x18\x04 \x01(\x04\x12\x13\n\x0bquarantined\x18\x05 \x01(\x04\x12%\n\x06groups\x18\x06 \x03(\x0b\x32\x15.kcache.v1.GroupStats\x12\x10\n\x08requests\x18\x07 \x01(\x04\x12\x0c\n\x04hits\x18\x08 \x01(\x04\x12\x0e\n\x06misses\x18\t \x01(\x04\x12\x10\n\x08\x63ompiles\x18\n \x01(\x04\x12\x18\n\x10\x63ompile_failures\x18\x0b \x01(\x04\x12%\n\x06queues\x18\x0c \x03(\x0b\x32\x15.kcache.v1.QueueStats\x12\'\n\ttoolchain\x18\r \x01(\x0b\x32\x14.kcache.v1.Toolchain\x12\x0f\n\x07\x64\x65vices\x18\x0e \x03(\t\x12\x14\n\x0c\x63ompile_only\x18\x0f \x01(\x08\x12+\n\rraw_toolchain\x18\x10 \x01(\x0b\x32\x14.kcache.v1.Toolchain\"W\n\x0bListRequest\x12!\n\x06\x66ilter\x18\x01 \x01(\x0b\x32\x11.kcache.v1.Filter\x12\x11\n\tpage_size\x18\x02 \x01(\r\x12\x12\n\npage_token\x18\x03 \x01(\x0c\"Q\n\x0cListResponse\x12(\n\x07\x65ntries\x18\x01 \x03(\x0b\x32\x17.kcache.v1.EntrySummary\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\x0c\"4\n\x0eInspectRequest\x12\x0b\n\x03key\x18\x01 \x01(\x0c\x12\x15\n\rinclude_cubin\x18\x02 \x01(\x08\"H\n\x0fInspectResponse\x12&\n\x05\x65ntry\x18\x01 \x01(\x0b\x32\x17.kcache.v1.EntrySummary\x12\r\n\x05\x63ubin\x18\x02 \x01(\x0c\")\n\nPinRequest\x12\x0b\n\x03key\x18\x01 \x01(\x0c\x12\x0e\n\x06reason\x18\x02 \x01(\t\"\r\n\x0bPinResponse\":\n\x0c\x45victRequest\x12\x11\n\tmax_bytes\x18\x01 \x01(\x04\x12\x17\n\x0fgrace_period_ms\x18\x02 \x01(\x03\"=\n\rEvictResponse\x12\x17\n\x0f\x65victed_entries\x18\x01 \x01(\x04\x12\x13\n\x0b\x66reed_bytes\x18\x02 \x01(\x04\"t\n\x11InvalidateRequest\x12\x16\n\x0ctoolchain_id\x18\x01 \x01(\tH\x00\x12\x0e\n\x04\x61rch\x18\x02 \x01(\tH\x00\x12 \n\x16\x63reated_before_unix_ms\x18\x03 \x01(\x03H\x00\x12\r\n\x03key\x18\x04 \x01(\x0cH\x00\x42\x06\n\x04what\"B\n\x12InvalidateResponse\x12\x17\n\x0fremoved_entries\x18\x01 \x01(\x04\x12\x13\n\x0b\x66reed_bytes\x18\x02 \x01(\x04\"\x0f\n\rVerifyRequest\"L\n\x0eVerifyResponse\x12\x0f\n\x07\x63hecked\x18\x01 \x01(\x04\x12\x0f\n\x07\x63orrupt\x18\x02 \x01(\x04\x12\x18\n\x10quarantined_keys\x18\x03 \x03(\x0c\"2\n\rExportRequest\x12!\n\x06\x66ilter\x18\x01 \x01(\x0b\x32\x11.kcache.v1.Filter\"\x1b\n\x0b\x42undleChunk\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\";\n\x0eImportResponse\x12\x10\n\x08imported\x18\x01 \x01(\x04\x12\x17\n\x0f\x61lready_present\x18\x02 \x01(\x04\x32\xe9\x01\n\rKernelService\x12\x46\n\tGetKernel\x12\x1b.kcache.v1.GetKernelRequest\x1a\x1c.kcache.v1.GetKernelResponse\x12K\n\x0fGetKernelStream\x12\x1b.kcache.v1.GetKernelRequest\x1a\x19.kcache.v1.GetKernelEvent0\x01\x12\x43\n\x08Prefetch\x12\x1a.kcache.v1.PrefetchRequest\x1a\x1b.kcache.v1.PrefetchResponse2\xf6\x04\n\x0c\x41\x64minService\x12:\n\x05Stats\x12\x17.kcache.v1.StatsRequest\x1a\x18.kcache.v1.StatsResponse\x12\x37\n\x04List\x12\x16.kcache.v1.ListRequest\x1a\x17.kcache.v1.ListResponse\x12@\n\x07Inspect\x12\x19.kcache.v1.InspectRequest\x1a\x1a.kcache.v1.InspectResponse\x12\x34\n\x03Pin\x12\x15.kcache.v1.PinRequest\x1a\x16.kcache.v1.PinResponse\x12\x36\n\x05Unpin\x12\x15.kcache.v1.PinRequest\x1a\x16.kcache.v1.PinResponse\x12:\n\x05\x45vict\x12\x17.kcache.v1.EvictRequest\x1a\x18.kcache.v1.EvictResponse\x12I\n\nInvalidate\x12\x1c.kcache.v1.InvalidateRequest\x1a\x1d.kcache.v1.InvalidateResponse\x12=\n\x06Verify\x12\x18.kcache.v1.VerifyRequest\x1a\x19.kcache.v1.VerifyResponse\x12<\n\x06\x45xport\x12\x18.kcache.v1.ExportRequest\x1a\x16.kcache.v1.BundleChunk0\x01\x12=\n\x06Import\x12\x16.kcache.v1.BundleChunk\x1a\x19.kcache.v1.ImportResponse(\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17kcache/v1/service.proto\x12\tkcache.v1\x1a\x16kcache/v1/record.proto\x1a\x14kcache/v1/spec.proto\"\x80\x01\n\x10GetKernelRequest\x12&\n\x04spec\x18\x01 \x01(\x0b\x32\x18.kcache.v1.AttentionSpec\x12!\n\x06target\x18\x02 \x01(\x0b\x32\x11.kcache.v1.Target\x12!\n\x03raw\x18\x03 \x01(\x0b\x32\x14.kcache.v1.RawKernel\"^\n\x11GetKernelResponse\x12\'\n\x06record\x18\x01 \x01(\x0b\x32\x17.kcache.v1.KernelRecord\x12\r\n\x05\x63ubin\x18\x02 \x01(\x0c\x12\x11\n\tcache_hit\x18\x03 \x01(\x08\"\xd9\x01\n\x08Progress\x12(\n\x05phase\x18\x01 \x01(\x0e\x32\x19.kcache.v1.Progress.Phase\x12\x16\n\x0equeue_position\x18\x02 \x01(\r\x12\r\n\x05queue\x18\x03 \x01(\t\"|\n\x05Phase\x12\x15\n\x11PHASE_UNSPECIFIED\x10\x00\x12\x10\n\x0cPHASE_QUEUED\x10\x01\x12\x13\n\x0fPHASE_COMPILING\x10\x02\x12\x13\n\x0fPHASE_VERIFYING\x10\x03\x12\x0e\n\nPHASE_DONE\x10\x04\x12\x10\n\x0cPHASE_FAILED\x10\x05\"r\n\x0eGetKernelEvent\x12\'\n\x08progress\x18\x01 \x01(\x0b\x32\x13.kcache.v1.ProgressH\x00\x12.\n\x06result\x18\x02 \x01(\x0b\x32\x1c.kcache.v1.GetKernelResponseH\x00\x42\x07\n\x05\x65vent\"@\n\x0fPrefetchRequest\x12-\n\x08requests\x18\x01 \x03(\x0b\x32\x1b.kcache.v1.GetKernelRequest\"\xb4\x01\n\x0ePrefetchResult\x12.\n\x05state\x18\x01 \x01(\x0e\x32\x1f.kcache.v1.PrefetchResult.State\x12\x0b\n\x03key\x18\x02 \x01(\x0c\x12\r\n\x05\x65rror\x18\x03 \x01(\t\"V\n\x05State\x12\x15\n\x11STATE_UNSPECIFIED\x10\x00\x12\x10\n\x0cSTATE_CACHED\x10\x01\x12\x10\n\x0cSTATE_QUEUED\x10\x02\x12\x12\n\x0eSTATE_REJECTED\x10\x03\">\n\x10PrefetchResponse\x12*\n\x07results\x18\x01 \x03(\x0b\x32\x19.kcache.v1.PrefetchResult\"\xf7\x01\n\x06\x46ilter\x12\x14\n\x0ctoolchain_id\x18\x01 \x01(\t\x12\x0c\n\x04\x61rch\x18\x02 \x01(\t\x12\x11\n\tmask_kind\x18\x03 \x01(\t\x12\x1e\n\x16\x63reated_before_unix_ms\x18\x04 \x01(\x03\x12\x1c\n\x14unused_since_unix_ms\x18\x05 \x01(\x03\x12(\n\x06pinned\x18\x06 \x01(\x0e\x32\x18.kcache.v1.Filter.Pinned\x12\x12\n\nkey_prefix\x18\x07 \x01(\x0c\":\n\x06Pinned\x12\x0e\n\nPINNED_ANY\x10\x00\x12\x0f\n\x0bPINNED_ONLY\x10\x01\x12\x0f\n\x0bPINNED_NONE\x10\x02\"o\n\x0c\x45ntrySummary\x12\'\n\x06record\x18\x01 \x01(\x0b\x32\x17.kcache.v1.KernelRecord\x12&\n\x06\x61\x63\x63\x65ss\x18\x02 \x01(\x0b\x32\x16.kcache.v1.AccessStats\x12\x0e\n\x06pinned\x18\x03 \x01(\x08\"\x0e\n\x0cStatsRequest\"P\n\nGroupStats\x12\x14\n\x0ctoolchain_id\x18\x01 \x01(\t\x12\x0c\n\x04\x61rch\x18\x02 \x01(\t\x12\x0f\n\x07\x65ntries\x18\x03 \x01(\x04\x12\r\n\x05\x62ytes\x18\x04 \x01(\x04\"7\n\nQueueStats\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x64\x65pth\x18\x02 \x01(\r\x12\x0c\n\x04\x62usy\x18\x03 \x01(\x08\"\xb9\x03\n\rStatsResponse\x12\x0f\n\x07\x65ntries\x18\x01 \x01(\x04\x12\x12\n\nblob_bytes\x18\x02 \x01(\x04\x12\r\n\x05\x62lobs\x18\x03 \x01(\x04\x12\x0e\n\x06pinned\x18\x04 \x01(\x04\x12\x13\n\x0bquarantined\x18\x05 \x01(\x04\x12%\n\x06groups\x18\x06 \x03(\x0b\x32\x15.kcache.v1.GroupStats\x12\x10\n\x08requests\x18\x07 \x01(\x04\x12\x0c\n\x04hits\x18\x08 \x01(\x04\x12\x0e\n\x06misses\x18\t \x01(\x04\x12\x10\n\x08\x63ompiles\x18\n \x01(\x04\x12\x18\n\x10\x63ompile_failures\x18\x0b \x01(\x04\x12%\n\x06queues\x18\x0c \x03(\x0b\x32\x15.kcache.v1.QueueStats\x12\'\n\ttoolchain\x18\r \x01(\x0b\x32\x14.kcache.v1.Toolchain\x12\x0f\n\x07\x64\x65vices\x18\x0e \x03(\t\x12\x14\n\x0c\x63ompile_only\x18\x0f \x01(\x08\x12+\n\rraw_toolchain\x18\x10 \x01(\x0b\x32\x14.kcache.v1.Toolchain\x12\x12\n\nunreadable\x18\x11 \x03(\t\x12\x14\n\x0cstore_damage\x18\x12 \x01(\t\"W\n\x0bListRequest\x12!\n\x06\x66ilter\x18\x01 \x01(\x0b\x32\x11.kcache.v1.Filter\x12\x11\n\tpage_size\x18\x02 \x01(\r\x12\x12\n\npage_token\x18\x03 \x01(\x0c\"e\n\x0cListResponse\x12(\n\x07\x65ntries\x18\x01 \x03(\x0b\x32\x17.kcache.v1.EntrySummary\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\x0c\x12\x12\n\nunreadable\x18\x03 \x03(\t\"4\n\x0eInspectRequest\x12\x0b\n\x03key\x18\x01 \x01(\x0c\x12\x15\n\rinclude_cubin\x18\x02 \x01(\x08\"H\n\x0fInspectResponse\x12&\n\x05\x65ntry\x18\x01 \x01(\x0b\x32\x17.kcache.v1.EntrySummary\x12\r\n\x05\x63ubin\x18\x02 \x01(\x0c\")\n\nPinRequest\x12\x0b\n\x03key\x18\x01 \x01(\x0c\x12\x0e\n\x06reason\x18\x02 \x01(\t\"\r\n\x0bPinResponse\":\n\x0c\x45victRequest\x12\x11\n\tmax_bytes\x18\x01 \x01(\x04\x12\x17\n\x0fgrace_period_ms\x18\x02 \x01(\x03\"Q\n\rEvictResponse\x12\x17\n\x0f\x65victed_entries\x18\x01 \x01(\x04\x12\x13\n\x0b\x66reed_bytes\x18\x02 \x01(\x04\x12\x12\n\nunreadable\x18\x03 \x03(\t\"t\n\x11InvalidateRequest\x12\x16\n\x0ctoolchain_id\x18\x01 \x01(\tH\x00\x12\x0e\n\x04\x61rch\x18\x02 \x01(\tH\x00\x12 \n\x16\x63reated_before_unix_ms\x18\x03 \x01(\x03H\x00\x12\r\n\x03key\x18\x04 \x01(\x0cH\x00\x42\x06\n\x04what\"V\n\x12InvalidateResponse\x12\x17\n\x0fremoved_entries\x18\x01 \x01(\x04\x12\x13\n\x0b\x66reed_bytes\x18\x02 \x01(\x04\x12\x12\n\nunreadable\x18\x03 \x03(\t\"\x0f\n\rVerifyRequest\"`\n\x0eVerifyResponse\x12\x0f\n\x07\x63hecked\x18\x01 \x01(\x04\x12\x0f\n\x07\x63orrupt\x18\x02 \x01(\x04\x12\x18\n\x10quarantined_keys\x18\x03 \x03(\x0c\x12\x12\n\nunreadable\x18\x04 \x03(\t\"2\n\rExportRequest\x12!\n\x06\x66ilter\x18\x01 \x01(\x0b\x32\x11.kcache.v1.Filter\"\x1b\n\x0b\x42undleChunk\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\";\n\x0eImportResponse\x12\x10\n\x08imported\x18\x01 \x01(\x04\x12\x17\n\x0f\x61lready_present\x18\x02 \x01(\x04\x32\xe9\x01\n\rKernelService\x12\x46\n\tGetKernel\x12\x1b.kcache.v1.GetKernelRequest\x1a\x1c.kcache.v1.GetKernelResponse\x12K\n\x0fGetKernelStream\x12\x1b.kcache.v1.GetKernelRequest\x1a\x19.kcache.v1.GetKernelEvent0\x01\x12\x43\n\x08Prefetch\x12\x1a.kcache.v1.PrefetchRequest\x1a\x1b.kcache.v1.PrefetchResponse2\xf6\x04\n\x0c\x41\x64minService\x12:\n\x05Stats\x12\x17.kcache.v1.StatsRequest\x1a\x18.kcache.v1.StatsResponse\x12\x37\n\x04List\x12\x16.kcache.v1.ListRequest\x1a\x17.kcache.v1.ListResponse\x12@\n\x07Inspect\x12\x19.kcache.v1.InspectRequest\x1a\x1a.kcache.v1.InspectResponse\x12\x34\n\x03Pin\x12\x15.kcache.v1.PinRequest\x1a\x16.kcache.v1.PinResponse\x12\x36\n\x05Unpin\x12\x15.kcache.v1.PinRequest\x1a\x16.kcache.v1.PinResponse\x12:\n\x05\x45vict\x12\x17.kcache.v1.EvictRequest\x1a\x18.kcache.v1.EvictResponse\x12I\n\nInvalidate\x12\x1c.kcache.v1.InvalidateRequest\x1a\x1d.kcache.v1.InvalidateResponse\x12=\n\x06Verify\x12\x18.kcache.v1.VerifyRequest\x1a\x19.kcache.v1.VerifyResponse\x12<\n\x06\x45xport\x12\x18.kcache.v1.ExportRequest\x1a\x16.kcache.v1.BundleChunk0\x01\x12=\n\x06Import\x12\x16.kcache.v1.BundleChunk\x1a\x19.kcache.v1.ImportResponse(\x01\x62\x06proto3')
 
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, globals())
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'kcache.v1.service_pb2', globals())
@@ -53,39 +53,39 @@ if _descriptor._USE_C_DESCRIPTORS == False:
   _QUEUESTATS._serialized_start=1421
   _QUEUESTATS._serialized_end=1476
   _STATSRESPONSE._serialized_start=1479
-  _STATSRESPONSE._serialized_end=1878
-  _LISTREQUEST._serialized_start=1880
-  _LISTREQUEST._serialized_end=1967
-  _LISTRESPONSE._serialized_start=1969
-  _LISTRESPONSE._serialized_end=2050
-  _INSPECTREQUEST._serialized_start=2052
-  _INSPECTREQUEST._serialized_end=2104
-  _INSPECTRESPONSE._serialized_start=2106
-  _INSPECTRESPONSE._serialized_end=2178
-  _PINREQUEST._serialized_start=2180
-  _PINREQUEST._serialized_end=2221
-  _PINRESPONSE._serialized_start=2223
-  _PINRESPONSE._serialized_end=2236
-  _EVICTREQUEST._serialized_start=2238
-  _EVICTREQUEST._serialized_end=2296
-  _EVICTRESPONSE._serialized_start=2298
-  _EVICTRESPONSE._serialized_end=2359
-  _INVALIDATEREQUEST._serialized_start=2361
-  _INVALIDATEREQUEST._serialized_end=2477
-  _INVALIDATERESPONSE._serialized_start=2479
-  _INVALIDATERESPONSE._serialized_end=2545
-  _VERIFYREQUEST._serialized_start=2547
-  _VERIFYREQUEST._serialized_end=2562
-  _VERIFYRESPONSE._serialized_start=2564
-  _VERIFYRESPONSE._serialized_end=2640
-  _EXPORTREQUEST._serialized_start=2642
-  _EXPORTREQUEST._serialized_end=2692
-  _BUNDLECHUNK._serialized_start=2694
-  _BUNDLECHUNK._serialized_end=2721
-  _IMPORTRESPONSE._serialized_start=2723
-  _IMPORTRESPONSE._serialized_end=2782
-  _KERNELSERVICE._serialized_start=2785
-  _KERNELSERVICE._serialized_end=3018
-  _ADMINSERVICE._serialized_start=3021
-  _ADMINSERVICE._serialized_end=3651
+  _STATSRESPONSE._serialized_end=1920
+  _LISTREQUEST._serialized_start=1922
+  _LISTREQUEST._serialized_end=2009
+  _LISTRESPONSE._serialized_start=2011
+  _LISTRESPONSE._serialized_end=2112
+  _INSPECTREQUEST._serialized_start=2114
+  _INSPECTREQUEST._serialized_end=2166
+  _INSPECTRESPONSE._serialized_start=2168
+  _INSPECTRESPONSE._serialized_end=2240
+  _PINREQUEST._serialized_start=2242
+  _PINREQUEST._serialized_end=2283
+  _PINRESPONSE._serialized_start=2285
+  _PINRESPONSE._serialized_end=2298
+  _EVICTREQUEST._serialized_start=2300
+  _EVICTREQUEST._serialized_end=2358
+  _EVICTRESPONSE._serialized_start=2360
+  _EVICTRESPONSE._serialized_end=2441
+  _INVALIDATEREQUEST._serialized_start=2443
+  _INVALIDATEREQUEST._serialized_end=2559
+  _INVALIDATERESPONSE._serialized_start=2561
+  _INVALIDATERESPONSE._serialized_end=2647
+  _VERIFYREQUEST._serialized_start=2649
+  _VERIFYREQUEST._serialized_end=2664
+  _VERIFYRESPONSE._serialized_start=2666
+  _VERIFYRESPONSE._serialized_end=2762
+  _EXPORTREQUEST._serialized_start=2764
+  _EXPORTREQUEST._serialized_end=2814
+  _BUNDLECHUNK._serialized_start=2816
+  _BUNDLECHUNK._serialized_end=2843
+  _IMPORTRESPONSE._serialized_start=2845
+  _IMPORTRESPONSE._serialized_end=2904
+  _KERNELSERVICE._serialized_start=2907
+  _KERNELSERVICE._serialized_end=3140
+  _ADMINSERVICE._serialized_start=3143
+  _ADMINSERVICE._serialized_end=3773
 # @@protoc_insertion_point(module_scope)

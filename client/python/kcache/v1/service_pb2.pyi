@@ -33,12 +33,14 @@ class EvictRequest(_message.Message):
     def __init__(self, max_bytes: _Optional[int] = ..., grace_period_ms: _Optional[int] = ...) -> None: ...
 
 class EvictResponse(_message.Message):
-    __slots__ = ["evicted_entries", "freed_bytes"]
+    __slots__ = ["evicted_entries", "freed_bytes", "unreadable"]
     EVICTED_ENTRIES_FIELD_NUMBER: _ClassVar[int]
     FREED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    UNREADABLE_FIELD_NUMBER: _ClassVar[int]
     evicted_entries: int
     freed_bytes: int
-    def __init__(self, evicted_entries: _Optional[int] = ..., freed_bytes: _Optional[int] = ...) -> None: ...
+    unreadable: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, evicted_entries: _Optional[int] = ..., freed_bytes: _Optional[int] = ..., unreadable: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ExportRequest(_message.Message):
     __slots__ = ["filter"]
@@ -146,12 +148,14 @@ class InvalidateRequest(_message.Message):
     def __init__(self, toolchain_id: _Optional[str] = ..., arch: _Optional[str] = ..., created_before_unix_ms: _Optional[int] = ..., key: _Optional[bytes] = ...) -> None: ...
 
 class InvalidateResponse(_message.Message):
-    __slots__ = ["freed_bytes", "removed_entries"]
+    __slots__ = ["freed_bytes", "removed_entries", "unreadable"]
     FREED_BYTES_FIELD_NUMBER: _ClassVar[int]
     REMOVED_ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    UNREADABLE_FIELD_NUMBER: _ClassVar[int]
     freed_bytes: int
     removed_entries: int
-    def __init__(self, removed_entries: _Optional[int] = ..., freed_bytes: _Optional[int] = ...) -> None: ...
+    unreadable: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, removed_entries: _Optional[int] = ..., freed_bytes: _Optional[int] = ..., unreadable: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ListRequest(_message.Message):
     __slots__ = ["filter", "page_size", "page_token"]
@@ -164,12 +168,14 @@ class ListRequest(_message.Message):
     def __init__(self, filter: _Optional[_Union[Filter, _Mapping]] = ..., page_size: _Optional[int] = ..., page_token: _Optional[bytes] = ...) -> None: ...
 
 class ListResponse(_message.Message):
-    __slots__ = ["entries", "next_page_token"]
+    __slots__ = ["entries", "next_page_token", "unreadable"]
     ENTRIES_FIELD_NUMBER: _ClassVar[int]
     NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    UNREADABLE_FIELD_NUMBER: _ClassVar[int]
     entries: _containers.RepeatedCompositeFieldContainer[EntrySummary]
     next_page_token: bytes
-    def __init__(self, entries: _Optional[_Iterable[_Union[EntrySummary, _Mapping]]] = ..., next_page_token: _Optional[bytes] = ...) -> None: ...
+    unreadable: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, entries: _Optional[_Iterable[_Union[EntrySummary, _Mapping]]] = ..., next_page_token: _Optional[bytes] = ..., unreadable: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class PinRequest(_message.Message):
     __slots__ = ["key", "reason"]
@@ -244,7 +250,7 @@ class StatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class StatsResponse(_message.Message):
-    __slots__ = ["blob_bytes", "blobs", "compile_failures", "compile_only", "compiles", "devices", "entries", "groups", "hits", "misses", "pinned", "quarantined", "queues", "raw_toolchain", "requests", "toolchain"]
+    __slots__ = ["blob_bytes", "blobs", "compile_failures", "compile_only", "compiles", "devices", "entries", "groups", "hits", "misses", "pinned", "quarantined", "queues", "raw_toolchain", "requests", "store_damage", "toolchain", "unreadable"]
     BLOBS_FIELD_NUMBER: _ClassVar[int]
     BLOB_BYTES_FIELD_NUMBER: _ClassVar[int]
     COMPILES_FIELD_NUMBER: _ClassVar[int]
@@ -260,7 +266,9 @@ class StatsResponse(_message.Message):
     QUEUES_FIELD_NUMBER: _ClassVar[int]
     RAW_TOOLCHAIN_FIELD_NUMBER: _ClassVar[int]
     REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    STORE_DAMAGE_FIELD_NUMBER: _ClassVar[int]
     TOOLCHAIN_FIELD_NUMBER: _ClassVar[int]
+    UNREADABLE_FIELD_NUMBER: _ClassVar[int]
     blob_bytes: int
     blobs: int
     compile_failures: int
@@ -276,19 +284,23 @@ class StatsResponse(_message.Message):
     queues: _containers.RepeatedCompositeFieldContainer[QueueStats]
     raw_toolchain: _record_pb2.Toolchain
     requests: int
+    store_damage: str
     toolchain: _record_pb2.Toolchain
-    def __init__(self, entries: _Optional[int] = ..., blob_bytes: _Optional[int] = ..., blobs: _Optional[int] = ..., pinned: _Optional[int] = ..., quarantined: _Optional[int] = ..., groups: _Optional[_Iterable[_Union[GroupStats, _Mapping]]] = ..., requests: _Optional[int] = ..., hits: _Optional[int] = ..., misses: _Optional[int] = ..., compiles: _Optional[int] = ..., compile_failures: _Optional[int] = ..., queues: _Optional[_Iterable[_Union[QueueStats, _Mapping]]] = ..., toolchain: _Optional[_Union[_record_pb2.Toolchain, _Mapping]] = ..., devices: _Optional[_Iterable[str]] = ..., compile_only: bool = ..., raw_toolchain: _Optional[_Union[_record_pb2.Toolchain, _Mapping]] = ...) -> None: ...
+    unreadable: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, entries: _Optional[int] = ..., blob_bytes: _Optional[int] = ..., blobs: _Optional[int] = ..., pinned: _Optional[int] = ..., quarantined: _Optional[int] = ..., groups: _Optional[_Iterable[_Union[GroupStats, _Mapping]]] = ..., requests: _Optional[int] = ..., hits: _Optional[int] = ..., misses: _Optional[int] = ..., compiles: _Optional[int] = ..., compile_failures: _Optional[int] = ..., queues: _Optional[_Iterable[_Union[QueueStats, _Mapping]]] = ..., toolchain: _Optional[_Union[_record_pb2.Toolchain, _Mapping]] = ..., devices: _Optional[_Iterable[str]] = ..., compile_only: bool = ..., raw_toolchain: _Optional[_Union[_record_pb2.Toolchain, _Mapping]] = ..., unreadable: _Optional[_Iterable[str]] = ..., store_damage: _Optional[str] = ...) -> None: ...
 
 class VerifyRequest(_message.Message):
     __slots__ = []
     def __init__(self) -> None: ...
 
 class VerifyResponse(_message.Message):
-    __slots__ = ["checked", "corrupt", "quarantined_keys"]
+    __slots__ = ["checked", "corrupt", "quarantined_keys", "unreadable"]
     CHECKED_FIELD_NUMBER: _ClassVar[int]
     CORRUPT_FIELD_NUMBER: _ClassVar[int]
     QUARANTINED_KEYS_FIELD_NUMBER: _ClassVar[int]
+    UNREADABLE_FIELD_NUMBER: _ClassVar[int]
     checked: int
     corrupt: int
     quarantined_keys: _containers.RepeatedScalarFieldContainer[bytes]
-    def __init__(self, checked: _Optional[int] = ..., corrupt: _Optional[int] = ..., quarantined_keys: _Optional[_Iterable[bytes]] = ...) -> None: ...
+    unreadable: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, checked: _Optional[int] = ..., corrupt: _Optional[int] = ..., quarantined_keys: _Optional[_Iterable[bytes]] = ..., unreadable: _Optional[_Iterable[str]] = ...) -> None: ...

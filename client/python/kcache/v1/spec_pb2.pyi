@@ -65,6 +65,7 @@ class BinaryExpr(_message.Message):
     OP_DIV: BinaryExpr.Op
     OP_EQ: BinaryExpr.Op
     OP_FIELD_NUMBER: _ClassVar[int]
+    OP_FLOORDIV: BinaryExpr.Op
     OP_GE: BinaryExpr.Op
     OP_GT: BinaryExpr.Op
     OP_LE: BinaryExpr.Op
