@@ -31,12 +31,17 @@ namespace {
 using ::kcache::testing::TempDir;
 using ::testing::HasSubstr;
 
-// "Compiles" by returning the source as the cubin.
+// "Compiles" by returning the source as the cubin. While held, kernel
+// compiles (not the reference's) wait for Release(), so that a test can make
+// several requests join one compile without sleeping.
 class EchoCompiler final : public Compiler {
  public:
   absl::StatusOr<CompileOutput> Compile(const CompileInput& in, absl::Time) override {
     absl::MutexLock lock(&mu_);
-    if (!absl::StrContains(in.source, "attention_ref.cuh")) ++kernel_compiles_;
+    if (!absl::StrContains(in.source, "attention_ref.cuh")) {
+      mu_.Await(absl::Condition(+[](bool* held) { return !*held; }, &held_));
+      ++kernel_compiles_;
+    }
     CompileOutput out;
     out.cubin = in.source;
     return out;
@@ -45,10 +50,19 @@ class EchoCompiler final : public Compiler {
     absl::MutexLock lock(&mu_);
     return kernel_compiles_;
   }
+  void Hold() {
+    absl::MutexLock lock(&mu_);
+    held_ = true;
+  }
+  void Release() {
+    absl::MutexLock lock(&mu_);
+    held_ = false;
+  }
 
  private:
   absl::Mutex mu_;
   int kernel_compiles_ ABSL_GUARDED_BY(mu_) = 0;
+  bool held_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 // One sm_90 device that verifies every cubin.
@@ -163,8 +177,10 @@ TEST(NumericCheckTest, WrongKernelIsRefusedWaitersGetTheErrorNextRequestCompiles
   std::string key;
   {
     FaultOn fault;
+    f.compiler().Hold();  // b joins a's compile before it can finish
     auto a = f.backend().Begin(Request(true), deadline);
     auto b = f.backend().Begin(Request(true), deadline);
+    f.compiler().Release();
     ASSERT_TRUE(a.ok()) << a.status();
     ASSERT_TRUE(b.ok()) << b.status();
     ASSERT_NE(a->ticket, nullptr);
