@@ -26,6 +26,7 @@
 #define KC_BWD_BLOCK_M 64
 #define KC_BWD_BLOCK_N 128
 #define KC_BWD_NUM_WARPS 8
+#define KC_BWD_WGMMA 1
 #include "attention_params.h"
 // --- generated from the spec's expression trees ---
 #define KC_EXPR_MASK_READS_B 0
