@@ -146,11 +146,28 @@ def _modules():
     return sorted(names)
 
 
+# Modules that are torch itself (the torch.library operators): without torch
+# they may only fail for its absence.
+NEEDS_TORCH = {"kcache.ops"}
+
+
+def _have_torch():
+    try:
+        import torch  # noqa: F401
+        return True
+    except ImportError:
+        return False
+
+
 def test_each_module_imports_alone_in_a_fresh_interpreter():
     failed = []
+    have_torch = _have_torch()
     for m in _modules():
         p = subprocess.run([sys.executable, "-c", "import %s" % m], capture_output=True,
                            text=True, env=_clean_env(PYTHONPATH=PKG_SRC), timeout=120)
+        if (p.returncode and m in NEEDS_TORCH and not have_torch
+                and "No module named 'torch'" in p.stderr):
+            continue
         if p.returncode:
             failed.append("%s:\n%s" % (m, p.stderr[-2000:]))
     assert not failed, "\n".join(failed)

@@ -10,6 +10,7 @@ them, O(Q_LEN x KV_LEN) memory: the path kcache.flex_attention takes for CPU ten
 import math
 
 from kcache import _protos
+from kcache.errors import InvalidSpec
 
 
 def _pb():
@@ -65,7 +66,7 @@ def eval_expr(e, env, buffers):
         if t.dtype.is_floating_point:
             return torch.where(ok, v.to(torch.float32), torch.zeros((), dtype=torch.float32))
         return torch.where(ok, v.to(torch.int64), torch.zeros((), dtype=torch.int64))
-    raise ValueError("expression node %r" % k)
+    raise InvalidSpec("the reference cannot evaluate expression node %r" % k, "spec.mask")
 
 
 def grid(B, H, q_len, kv_len):
@@ -118,7 +119,7 @@ def mask_values(spec, B, H, q_len, kv_len, buffers=None, inputs=None):
     elif kind == "expr":
         out = eval_expr(m.expr.predicate, env, buffers or {})
     else:
-        raise ValueError("mask kind %s" % kind)
+        raise InvalidSpec("the reference has no mask kind %s" % kind, "spec.mask")
     return out
 
 
