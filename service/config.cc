@@ -153,6 +153,12 @@ absl::Status ValidateDaemonConfig(const v1::DaemonConfig& c) {
   if (c.max_prefetch_requests() == 0) {
     return absl::InvalidArgumentError("max_prefetch_requests: must be > 0");
   }
+  if (!c.remote().empty() && !absl::StartsWith(c.remote(), "redis://")) {
+    return absl::InvalidArgumentError("remote: expected redis://HOST:PORT[/DB]");
+  }
+  if (c.remote().empty() && !c.remote_password_file().empty()) {
+    return absl::InvalidArgumentError("remote_password_file: set remote too");
+  }
   if (c.max_message_bytes() < 4096 || c.max_message_bytes() > (1u << 30)) {
     return absl::InvalidArgumentError("max_message_bytes: must be between 4096 and 1 GiB");
   }
