@@ -32,6 +32,8 @@ v1::DaemonConfig DefaultDaemonConfig() {
   c.set_max_raw_source_bytes(16u << 20);
   c.set_max_raw_kernel_names(64);
   c.set_max_prefetch_requests(1024);
+  c.set_remote_timeout_ms(250);
+  c.set_remote_lease_ms(10000);
   return c;
 }
 

@@ -203,5 +203,27 @@ TEST_F(RemoteTierTest, RedisDownIsAMissQuicklyAndComesBack) {
   EXPECT_EQ(s.reconnects(), 1u);
 }
 
+TEST(RedisClientAuth, PasswordFromOptionsIsSentOnConnect) {
+  TempDir dir;
+  RedisProcess redis(dir.Sub("redis.log"), {"--requirepass", "s3cret"});
+  ASSERT_TRUE(redis.Start().ok());
+  RedisClientOptions o;
+  o.address = *ParseRedisUrl(redis.url() + "/3");
+  o.reconnect_interval = absl::Milliseconds(50);
+  o.password = "s3cret";
+  RedisClient good(o);
+  o.password = "wrong";
+  RedisClient bad(o);
+  absl::Time until = absl::Now() + absl::Seconds(10);
+  while (!good.connected() && absl::Now() < until) absl::SleepFor(absl::Milliseconds(10));
+  ASSERT_TRUE(good.connected()) << good.last_error();
+  auto db = good.Command({"CLIENT", "INFO"});
+  ASSERT_TRUE(db.ok()) << db.status();
+  EXPECT_THAT(db->str, ::testing::HasSubstr("db=3"));
+  EXPECT_FALSE(bad.connected());
+  EXPECT_THAT(bad.Command({"PING"}), StatusIs(absl::StatusCode::kUnavailable));
+  EXPECT_THAT(bad.last_error(), ::testing::HasSubstr("AUTH"));
+}
+
 }  // namespace
 }  // namespace kcache
