@@ -13,7 +13,7 @@
 // renewed every ttl/3 by one background thread (compare-and-PEXPIRE in Lua,
 // so a node never extends a lease it lost) and deleted (compare-and-DEL)
 // when the Lease is destroyed. A node that finds the lease polls for the
-// record with backoff (poll_min .. poll_max), retrying SET NX on each round,
+// record with backoff (poll_min .. poll_max: 20 .. 100 ms), retrying SET NX on each round,
 // so that when the holder dies its lease expires and one waiter takes over.
 //
 // Thread-safe. No lock is held across Redis I/O.
@@ -37,7 +37,7 @@ struct RemoteTierOptions {
   RedisClientOptions redis;
   absl::Duration lease_ttl = absl::Seconds(10);
   absl::Duration poll_min = absl::Milliseconds(20);
-  absl::Duration poll_max = absl::Milliseconds(250);
+  absl::Duration poll_max = absl::Milliseconds(100);
   // Distinguishes this node's leases (logged by nothing; compared by Lua).
   std::string node_id;
 };
