@@ -23,8 +23,8 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
-#include "absl/strings/str_split.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "cache/remote/redis_client.h"
@@ -95,11 +95,11 @@ struct Node {
 Node Start(const std::string& dir, const std::string& name, const std::string& url) {
   fs::create_directories(dir + "/" + name);
   Node n;
-  n.process = std::make_unique<testing::KcachedProcess>(testing::KcachedOptions{
-      .store_path = dir + "/" + name + "/store",
-      .socket_path = dir + "/" + name + "/kcached.sock",
-      .log_path = dir + "/" + name + "/kcached.log",
-      .extra_args = {"--remote=" + url}});
+  n.process = std::make_unique<testing::KcachedProcess>(
+      testing::KcachedOptions{.store_path = dir + "/" + name + "/store",
+                              .socket_path = dir + "/" + name + "/kcached.sock",
+                              .log_path = dir + "/" + name + "/kcached.log",
+                              .extra_args = {"--remote=" + url}});
   if (absl::Status st = n.process->TryStart(); !st.ok()) Die(std::string(st.message()));
   auto channel = grpc::CreateChannel(n.process->target(), grpc::InsecureChannelCredentials());
   n.kernels = v1::KernelService::NewStub(channel);
@@ -155,7 +155,8 @@ int Main(int argc, char** argv) {
     handovers = 1;
   }
   signal(SIGPIPE, SIG_IGN);
-  std::string dir = (fs::temp_directory_path() / absl::StrCat("kcache-remote-bench-", getpid())).string();
+  std::string dir =
+      (fs::temp_directory_path() / absl::StrCat("kcache-remote-bench-", getpid())).string();
   fs::create_directories(dir);
   testing::RedisProcess redis(dir + "/redis.log");
   if (absl::Status st = redis.Start(); !st.ok()) Die(std::string(st.message()));
@@ -208,7 +209,8 @@ int Main(int argc, char** argv) {
   }
   v1::StatsResponse sa = a.Stats();
   sb = b.Stats();
-  if (sb.remote().lease_waits() < static_cast<uint64_t>(handovers)) Die("B never waited on a lease");
+  if (sb.remote().lease_waits() < static_cast<uint64_t>(handovers))
+    Die("B never waited on a lease");
 
   std::printf("%-34s %6s %12s %12s %12s\n", "GetKernel (client-side, ms)", "n", "p50", "p90",
               "mean");
@@ -218,16 +220,17 @@ int Main(int argc, char** argv) {
   Row("hand-over: B's total, asked +0.1s", Summarize(t_b));
   Row("hand-over: B done - A done", Summarize(t_lag));
   uint64_t published = sa.remote().publishes();
-  std::printf("\nper kernel in Redis: %.0f bytes written (record + cubin), %.0f bytes of "
-              "used_memory (%d kernels)\n",
-              static_cast<double>(sa.remote().bytes_written()) / published,
-              static_cast<double>(mem1 - mem0) / compiles, compiles);
-  std::printf("node A: compiles %lu, remote publishes %lu; node B: compiles %lu, remote hits %lu, "
-              "lease waits %lu\n",
-              static_cast<unsigned long>(sa.compiles()), static_cast<unsigned long>(published),
-              static_cast<unsigned long>(sb.compiles()),
-              static_cast<unsigned long>(sb.remote().hits()),
-              static_cast<unsigned long>(sb.remote().lease_waits()));
+  std::printf(
+      "\nper kernel in Redis: %.0f bytes written (record + cubin), %.0f bytes of "
+      "used_memory (%d kernels)\n",
+      static_cast<double>(sa.remote().bytes_written()) / published,
+      static_cast<double>(mem1 - mem0) / compiles, compiles);
+  std::printf(
+      "node A: compiles %lu, remote publishes %lu; node B: compiles %lu, remote hits %lu, "
+      "lease waits %lu\n",
+      static_cast<unsigned long>(sa.compiles()), static_cast<unsigned long>(published),
+      static_cast<unsigned long>(sb.compiles()), static_cast<unsigned long>(sb.remote().hits()),
+      static_cast<unsigned long>(sb.remote().lease_waits()));
   a.process->Stop();
   b.process->Stop();
   redis.Stop();

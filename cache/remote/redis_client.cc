@@ -92,7 +92,8 @@ absl::StatusOr<RedisAddress> ParseRedisUrl(absl::string_view url) {
   if (size_t slash = rest.find('/'); slash != absl::string_view::npos) {
     absl::string_view db = rest.substr(slash + 1);
     if (!db.empty() && (!absl::SimpleAtoi(db, &a.db) || a.db < 0)) {
-      return absl::InvalidArgumentError(absl::StrCat("remote: database '", db, "' is not a number"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("remote: database '", db, "' is not a number"));
     }
     rest = rest.substr(0, slash);
   }
@@ -138,7 +139,8 @@ absl::StatusOr<RedisClient::ConnPtr> RedisClient::Connect() const {
   }
   if (a.db != 0) {
     auto r = RunOn(c.get(), {"SELECT", absl::StrCat(a.db)}, &io_error);
-    if (!r.ok()) return absl::UnavailableError(absl::StrCat("redis: SELECT: ", r.status().message()));
+    if (!r.ok())
+      return absl::UnavailableError(absl::StrCat("redis: SELECT: ", r.status().message()));
   }
   return c;
 }
@@ -147,8 +149,8 @@ absl::StatusOr<RedisClient::ConnPtr> RedisClient::Checkout() {
   {
     absl::MutexLock lock(&mu_);
     if (!up_) {
-      return absl::UnavailableError(absl::StrCat("redis: ", options_.address.ToString(),
-                                                 " is down (", last_error_, ")"));
+      return absl::UnavailableError(
+          absl::StrCat("redis: ", options_.address.ToString(), " is down (", last_error_, ")"));
     }
     if (!idle_.empty()) {
       ConnPtr c = std::move(idle_.back());

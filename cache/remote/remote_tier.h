@@ -82,9 +82,8 @@ class RemoteTier : public SharedTier {
   std::thread renewer_;
 
   struct Counters {
-    std::atomic<uint64_t> hits{0}, misses{0}, errors{0}, bad_entries{0}, publishes{0},
-        leases{0}, lease_waits{0}, takeovers{0}, wait_timeouts{0}, bytes_read{0},
-        bytes_written{0};
+    std::atomic<uint64_t> hits{0}, misses{0}, errors{0}, bad_entries{0}, publishes{0}, leases{0},
+        lease_waits{0}, takeovers{0}, wait_timeouts{0}, bytes_read{0}, bytes_written{0};
   };
   mutable Counters n_;
 };

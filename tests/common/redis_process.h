@@ -42,9 +42,9 @@ class RedisProcess {
   // waits (20 s at most) until it accepts connections.
   absl::Status Start() {
     if (port_ == 0) port_ = FreePort();
-    std::vector<std::string> args = {"redis-server", "--port", std::to_string(port_),
-                                     "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-                                     "--daemonize", "no"};
+    std::vector<std::string> args = {
+        "redis-server", "--port", std::to_string(port_), "--bind", "127.0.0.1", "--save", "",
+        "--appendonly", "no",     "--daemonize",         "no"};
     args.insert(args.end(), extra_args_.begin(), extra_args_.end());
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());

@@ -45,7 +45,8 @@ std::unique_ptr<Client> NewClient(const DaemonProcess& d) {
 
 // A node: its own directory (store, socket, log), the shared Redis.
 std::unique_ptr<DaemonProcess> Node(const TempDir& dir, const std::string& name,
-                                    const RedisProcess& redis, std::vector<std::string> extra = {}) {
+                                    const RedisProcess& redis,
+                                    std::vector<std::string> extra = {}) {
   std::string sub = dir.Sub(name);
   std::filesystem::create_directories(sub);
   extra.push_back("--remote=" + redis.url());
@@ -99,11 +100,13 @@ std::vector<std::vector<Got>> Storm(const std::vector<DaemonProcess*>& nodes, in
   return out;
 }
 
-void ExpectAllOk(const std::vector<std::vector<Got>>& got, const std::vector<DaemonProcess*>& nodes) {
+void ExpectAllOk(const std::vector<std::vector<Got>>& got,
+                 const std::vector<DaemonProcess*>& nodes) {
   for (size_t n = 0; n < got.size(); ++n) {
     for (size_t t = 0; t < got[n].size(); ++t) {
-      ASSERT_TRUE(got[n][t].status.ok()) << "node " << n << " thread " << t << ": "
-                                         << got[n][t].status << "\n" << Logs(nodes);
+      ASSERT_TRUE(got[n][t].status.ok())
+          << "node " << n << " thread " << t << ": " << got[n][t].status << "\n"
+          << Logs(nodes);
       ASSERT_FALSE(got[n][t].response->cubin().empty());
     }
   }
@@ -171,8 +174,8 @@ TEST(RemoteTierE2E, LeaseHolderKilledMidCompileAnotherNodeTakesOver) {
   TempDir dir;
   RedisProcess redis(dir.Sub("redis.log"));
   ASSERT_TRUE(redis.Start().ok());
-  auto a = Node(dir, "a", redis,
-                {"--remote_lease_ms=2000", "--worker_path=" + SlowWorker(dir, 120)});
+  auto a =
+      Node(dir, "a", redis, {"--remote_lease_ms=2000", "--worker_path=" + SlowWorker(dir, 120)});
   auto b = Node(dir, "b", redis, {"--remote_lease_ms=2000"});
   ASSERT_NO_FATAL_FAILURE(a->Start());
   ASSERT_NO_FATAL_FAILURE(b->Start());
@@ -180,7 +183,8 @@ TEST(RemoteTierE2E, LeaseHolderKilledMidCompileAnotherNodeTakesOver) {
 
   // A takes the lease and starts its (slow) compile.
   // (Its client fails once A is gone: the client retries until this deadline.)
-  std::thread doomed([&] { (void)NewClient(*a)->Fetch(DistinctSpec(0), Sm80(), absl::Seconds(20)); });
+  std::thread doomed(
+      [&] { (void)NewClient(*a)->Fetch(DistinctSpec(0), Sm80(), absl::Seconds(20)); });
   RedisClientOptions ro;
   ro.address = *ParseRedisUrl(redis.url());
   RedisClient inspect(ro);

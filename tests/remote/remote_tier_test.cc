@@ -99,13 +99,14 @@ TEST_F(RemoteTierTest, DamagedCubinAndRecordOfAnotherKeyAreRefused) {
   tier.Publish(b);
   std::string damaged = a.cubin;
   damaged[10] ^= 1;
-  ASSERT_TRUE(tier.client()
-                  .Command({"SET", RemoteTier::BlobKey(a.record.key(), a.record.cubin_sha256()),
-                            damaged})
-                  .ok());
+  ASSERT_TRUE(
+      tier.client()
+          .Command({"SET", RemoteTier::BlobKey(a.record.key(), a.record.cubin_sha256()), damaged})
+          .ok());
   // b's key now names a's (valid) record.
   ASSERT_TRUE(
-      tier.client().Command({"SET", RemoteTier::RecordKey(b.record.key()), a.record.SerializeAsString()})
+      tier.client()
+          .Command({"SET", RemoteTier::RecordKey(b.record.key()), a.record.SerializeAsString()})
           .ok());
   EXPECT_EQ(tier.Fetch(a.record.key()), nullptr);
   EXPECT_EQ(tier.Fetch(b.record.key()), nullptr);
@@ -132,7 +133,8 @@ TEST_F(RemoteTierTest, WaiterGetsTheHoldersResult) {
   ASSERT_NE(mine.lease, nullptr);
   ASSERT_EQ(mine.entry, nullptr);
   SharedTier::Claim theirs;
-  std::thread t([&] { theirs = waiter.ClaimCompile(e.record.key(), absl::Now() + absl::Seconds(30)); });
+  std::thread t(
+      [&] { theirs = waiter.ClaimCompile(e.record.key(), absl::Now() + absl::Seconds(30)); });
   absl::SleepFor(absl::Milliseconds(200));
   holder.Publish(e);
   mine.lease.reset();
@@ -160,9 +162,10 @@ TEST_F(RemoteTierTest, ExpiredLeaseIsTakenOverAndRenewedLeaseIsNot) {
   EXPECT_EQ(none.entry, nullptr);
   held.lease.reset();
   // A dead holder's lease (set by hand, never renewed) expires: b takes over.
-  ASSERT_TRUE(a.client()
-                  .Command({"SET", RemoteTier::LeaseKey(e.record.key()), "dead-node/1", "PX", "500"})
-                  .ok());
+  ASSERT_TRUE(
+      a.client()
+          .Command({"SET", RemoteTier::LeaseKey(e.record.key()), "dead-node/1", "PX", "500"})
+          .ok());
   absl::Time start = absl::Now();
   SharedTier::Claim taken = b.ClaimCompile(e.record.key(), absl::Now() + absl::Seconds(10));
   EXPECT_NE(taken.lease, nullptr);

@@ -6,13 +6,12 @@
 namespace kcache::tools {
 
 std::string RemoteStatusLine(const v1::RemoteTierStats& r) {
-  std::string state = r.connected()
-                          ? std::string("connected")
-                          : absl::StrCat("DOWN (", r.last_error(), "), running alone");
-  return absl::StrCat(r.address(), "  ", state, "; ", r.hits(), " hits, ", r.misses(),
-                      " misses, ", r.publishes(), " published, ", r.lease_waits(),
-                      " lease waits, ", r.takeovers(), " takeovers, ", r.errors(), " errors, ",
-                      r.bad_entries(), " bad entries refused");
+  std::string state = r.connected() ? std::string("connected")
+                                    : absl::StrCat("DOWN (", r.last_error(), "), running alone");
+  return absl::StrCat(r.address(), "  ", state, "; ", r.hits(), " hits, ", r.misses(), " misses, ",
+                      r.publishes(), " published, ", r.lease_waits(), " lease waits, ",
+                      r.takeovers(), " takeovers, ", r.errors(), " errors, ", r.bad_entries(),
+                      " bad entries refused");
 }
 
 void PrintRemoteStats(std::ostream& o, const v1::RemoteTierStats& r) {
@@ -29,7 +28,8 @@ void PrintRemoteStats(std::ostream& o, const v1::RemoteTierStats& r) {
     << "  bytes read      " << HumanBytes(r.bytes_read()) << "\n"
     << "  bytes written   " << HumanBytes(r.bytes_written()) << "\n"
     << "  reconnects      " << r.reconnects() << "\n";
-  if (!r.connected() && !r.last_error().empty()) o << "  last error      " << r.last_error() << "\n";
+  if (!r.connected() && !r.last_error().empty())
+    o << "  last error      " << r.last_error() << "\n";
 }
 
 }  // namespace kcache::tools
