@@ -339,5 +339,31 @@ TEST(RemoteTierE2E, DamagedCubinAndWrongKeyRecordAreRefusedAndReplaced) {
   EXPECT_EQ(third[0][1].response->cubin(), cubin1);
 }
 
+// The password reaches Redis from --remote_password_file; a URL carrying
+// credentials or another scheme is a configuration error (exit status 2).
+TEST(RemoteTierE2E, PasswordFromFileAndBadRemoteFlags) {
+  TempDir dir;
+  RedisProcess redis(dir.Sub("redis.log"), {"--requirepass", "fleet-secret"});
+  ASSERT_TRUE(redis.Start().ok());
+  std::string pw = dir.Sub("redis-password");
+  std::ofstream(pw) << "fleet-secret\n";
+  auto a = Node(dir, "a", redis, {"--remote_password_file=" + pw});
+  ASSERT_NO_FATAL_FAILURE(a->Start());
+  ASSERT_NO_FATAL_FAILURE(ExpectAllOk(Storm({a.get()}, 1, {0}), {a.get()}));
+  v1::StatsResponse s = a->Stats();
+  EXPECT_TRUE(s.remote().connected()) << s.remote().last_error();
+  EXPECT_EQ(s.remote().publishes(), 1u);
+  EXPECT_EQ(s.remote().errors(), 0u);
+  EXPECT_THAT(ReadFileOrEmpty(a->log_path()), ::testing::Not(::testing::HasSubstr("fleet-secret")));
+
+  for (const std::string& bad : {std::string("--remote=http://127.0.0.1:1"),
+                                 std::string("--remote=redis://u:pw@127.0.0.1:1")}) {
+    DaemonProcess d(dir.Sub("bad-" + std::to_string(bad.size())), {bad});
+    std::filesystem::create_directories(dir.Sub("bad-" + std::to_string(bad.size())));
+    absl::Status st = d.TryStart();
+    EXPECT_FALSE(st.ok()) << bad;
+  }
+}
+
 }  // namespace
 }  // namespace kcache
