@@ -1,7 +1,11 @@
 // End-to-end tests of the shared remote tier (issue 16): compile-only
 // kcached processes, each with its own store, sharing one real redis-server
 // started on a loopback port. Counts come from each daemon's Stats.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <barrier>
 #include <filesystem>
@@ -71,6 +75,30 @@ std::string SlowWorker(const TempDir& dir, int seconds) {
   std::ofstream(path) << "#!/bin/sh\nsleep " << seconds << "\nexec '" << real << "' \"$@\"\n";
   chmod(path.c_str(), 0755);
   return path;
+}
+
+// GET /metrics from the daemon's Prometheus port (read from its log).
+std::string ScrapeMetrics(const DaemonProcess& d) {
+  std::string log = ReadFileOrEmpty(d.log_path());
+  size_t at = log.rfind("metrics port ");
+  if (at == std::string::npos) return "";
+  int port = std::atoi(log.c_str() + at + 13);
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  std::string out;
+  if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0) {
+    const std::string req = "GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n";
+    if (write(fd, req.data(), req.size()) == static_cast<ssize_t>(req.size())) {
+      char buf[4096];
+      ssize_t n;
+      while ((n = read(fd, buf, sizeof(buf))) > 0) out.append(buf, static_cast<size_t>(n));
+    }
+  }
+  close(fd);
+  return out;
 }
 
 struct Got {
@@ -347,7 +375,7 @@ TEST(RemoteTierE2E, PasswordFromFileAndBadRemoteFlags) {
   ASSERT_TRUE(redis.Start().ok());
   std::string pw = dir.Sub("redis-password");
   std::ofstream(pw) << "fleet-secret\n";
-  auto a = Node(dir, "a", redis, {"--remote_password_file=" + pw});
+  auto a = Node(dir, "a", redis, {"--remote_password_file=" + pw, "--metrics_address=127.0.0.1:0"});
   ASSERT_NO_FATAL_FAILURE(a->Start());
   ASSERT_NO_FATAL_FAILURE(ExpectAllOk(Storm({a.get()}, 1, {0}), {a.get()}));
   v1::StatsResponse s = a->Stats();
@@ -355,6 +383,10 @@ TEST(RemoteTierE2E, PasswordFromFileAndBadRemoteFlags) {
   EXPECT_EQ(s.remote().publishes(), 1u);
   EXPECT_EQ(s.remote().errors(), 0u);
   EXPECT_THAT(ReadFileOrEmpty(a->log_path()), ::testing::Not(::testing::HasSubstr("fleet-secret")));
+  std::string metrics = ScrapeMetrics(*a);
+  EXPECT_THAT(metrics, ::testing::HasSubstr("kcache_remote_connected 1"));
+  EXPECT_THAT(metrics, ::testing::HasSubstr("kcache_remote_events{kind=\"publishes\"} 1"));
+  EXPECT_THAT(metrics, ::testing::HasSubstr("kcache_remote_events{kind=\"misses\"} 1"));
 
   for (const std::string& bad : {std::string("--remote=http://127.0.0.1:1"),
                                  std::string("--remote=redis://u:pw@127.0.0.1:1")}) {
