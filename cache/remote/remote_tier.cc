@@ -79,8 +79,11 @@ EntryRef RemoteTier::Get(std::string_view key, bool count_miss) {
   };
   auto bad = [&](const std::string& why) -> EntryRef {
     n_.bad_entries.fetch_add(1, std::memory_order_relaxed);
-    std::cerr << "kcached: remote tier: refused entry " << KeyToHex(key) << ": " << why
-              << std::endl;
+    // Logged on the first look only: a node waiting on a lease re-reads the
+    // same bad entry every poll until its holder replaces it.
+    if (count_miss)
+      std::cerr << "kcached: remote tier: refused entry " << KeyToHex(key) << ": " << why
+                << std::endl;
     return miss();
   };
   auto rec = Call({"GET", RecordKey(key)});
