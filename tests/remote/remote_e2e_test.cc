@@ -203,13 +203,14 @@ TEST(RemoteTierE2E, LeaseHolderKilledMidCompileAnotherNodeTakesOver) {
   RedisProcess redis(dir.Sub("redis.log"));
   ASSERT_TRUE(redis.Start().ok());
   auto a =
-      Node(dir, "a", redis, {"--remote_lease_ms=2000", "--worker_path=" + SlowWorker(dir, 120)});
+      Node(dir, "a", redis, {"--remote_lease_ms=2000", "--worker_path=" + SlowWorker(dir, 30)});
   auto b = Node(dir, "b", redis, {"--remote_lease_ms=2000"});
   ASSERT_NO_FATAL_FAILURE(a->Start());
   ASSERT_NO_FATAL_FAILURE(b->Start());
   std::vector<DaemonProcess*> nodes = {a.get(), b.get()};
 
-  // A takes the lease and starts its (slow) compile.
+  // A takes the lease and starts its (slow) compile. The worker wrapper
+  // outlives A's SIGKILL; 30 s of sleep bounds how long it lingers.
   // (Its client fails once A is gone: the client retries until this deadline.)
   std::thread doomed(
       [&] { (void)NewClient(*a)->Fetch(DistinctSpec(0), Sm80(), absl::Seconds(20)); });
