@@ -10,6 +10,7 @@ PACKAGES=(
   zlib1g-dev libgflags-dev libgtest-dev libgmock-dev libbenchmark-dev libyaml-cpp-dev
   nlohmann-json3-dev systemd
   llvm-22-dev
+  libhiredis-dev redis-server
   python3-grpcio python3-protobuf python3-pytest
 )
 

@@ -32,6 +32,8 @@ v1::DaemonConfig DefaultDaemonConfig() {
   c.set_max_raw_source_bytes(16u << 20);
   c.set_max_raw_kernel_names(64);
   c.set_max_prefetch_requests(1024);
+  c.set_remote_timeout_ms(250);
+  c.set_remote_lease_ms(10000);
   return c;
 }
 
@@ -152,6 +154,12 @@ absl::Status ValidateDaemonConfig(const v1::DaemonConfig& c) {
   }
   if (c.max_prefetch_requests() == 0) {
     return absl::InvalidArgumentError("max_prefetch_requests: must be > 0");
+  }
+  if (!c.remote().empty() && !absl::StartsWith(c.remote(), "redis://")) {
+    return absl::InvalidArgumentError("remote: expected redis://HOST:PORT[/DB]");
+  }
+  if (c.remote().empty() && !c.remote_password_file().empty()) {
+    return absl::InvalidArgumentError("remote_password_file: set remote too");
   }
   if (c.max_message_bytes() < 4096 || c.max_message_bytes() > (1u << 30)) {
     return absl::InvalidArgumentError("max_message_bytes: must be between 4096 and 1 GiB");

@@ -34,6 +34,7 @@
 #include "service/http_server.h"
 #include "service/kernel_backend.h"
 #include "service/metrics.h"
+#include "service/remote_hook.h"
 
 namespace kcache {
 
@@ -44,6 +45,7 @@ struct Daemon::Impl {
   MetricsRegistry metrics;
   ServingState state;
   std::unique_ptr<Store> store;
+  std::unique_ptr<SharedTier> remote;  // outlives the scheduler's jobs
   std::unique_ptr<Nvrtc> nvrtc;
   std::unique_ptr<NvJitLink> nvjitlink;  // only with enable_raw_kernels
   std::unique_ptr<CudaDevices> devices;
@@ -289,6 +291,10 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const v1::DaemonConfig& co
     }
   }
 
+  auto remote = MakeSharedTier(c);
+  if (!remote.ok()) return remote.status();
+  d->remote = *std::move(remote);
+
   d->devices = CudaDevices::Open();
   WorkerPoolOptions wo;
   wo.worker_path = c.worker_path();
@@ -320,6 +326,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const v1::DaemonConfig& co
   deps.raw_toolchain_status = raw_toolchain_status;
   deps.config = c;
   deps.metrics = &d->metrics;
+  deps.remote = d->remote.get();
   d->backend = std::make_unique<KernelBackend>(std::move(deps));
 
   // Metrics that are read at scrape time.
@@ -331,6 +338,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const v1::DaemonConfig& co
     }
     return out;
   });
+  if (d->remote != nullptr) AddRemoteMetrics(d->metrics, d->remote.get());
   Store* st = d->store.get();
   d->metrics.AddGauge("kcache_store_bytes", "Distinct cubin bytes in the store", [st] {
     std::vector<std::pair<std::string, double>> out;
@@ -498,6 +506,7 @@ absl::Status Daemon::Shutdown() {
   if (d.shut_down) return absl::OkStatus();
   d.shut_down = true;
   d.state.shutting_down.store(true);
+  if (d.remote) d.remote->Stop();  // compiles waiting on another node's lease go on alone
   // Queued compiles fail with UNAVAILABLE now; running ones may finish.
   absl::Status sched = d.scheduler->Shutdown(absl::Milliseconds(d.config.shutdown_grace_ms()));
   // Calls still waiting for a compile that outlived the grace are answered

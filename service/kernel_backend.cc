@@ -7,6 +7,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "service/remote_hook.h"
 
 namespace kcache {
 
@@ -118,6 +119,16 @@ CompileResult KernelBackend::Compile(const ResolvedRequest& r, absl::Time compil
                                      const ReportFn& report) {
   auto existing = deps_.store->Lookup(r.id.key);
   if (existing.ok() && *existing != nullptr) return *std::move(existing);
+  // Remote tier: another node's result, or the fleet lease to compile (held
+  // until after the publish below), or neither (compile alone). Waiting for
+  // another node uses at most half of the time left, to leave time to compile.
+  std::unique_ptr<SharedTier::Lease> lease;
+  if (deps_.remote != nullptr) {
+    absl::Time now = absl::Now();
+    EntryRef e = FetchOrClaim(*deps_.remote, *deps_.store, r.id.key,
+                              now + (compile_deadline - now) / 2, &lease);
+    if (e != nullptr) return e;
+  }
   const absl::Time start = absl::Now();
   compiles_->Inc();
   auto fail = [&](absl::Status st) -> CompileResult {
@@ -156,6 +167,7 @@ CompileResult KernelBackend::Compile(const ResolvedRequest& r, absl::Time compil
   auto entry = deps_.store->Publish(std::move(build->record), std::move(build->cubin));
   if (!entry.ok()) return fail(entry.status());
   compile_seconds_->Observe(absl::ToDoubleSeconds(absl::Now() - start));
+  if (deps_.remote != nullptr) deps_.remote->Publish(**entry);
   return *std::move(entry);
 }
 
@@ -260,6 +272,7 @@ void KernelBackend::FillCounters(v1::StatsResponse* s) const {
     s->add_devices(absl::StrCat(d.ordinal, ": ", d.name, " (", d.arch, ", ", d.sm_count, " SMs)"));
   }
   s->set_compile_only(devices_.empty());
+  if (deps_.remote != nullptr) deps_.remote->FillStats(s->mutable_remote());
 }
 
 }  // namespace kcache

@@ -14,6 +14,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "cache/remote/shared_tier.h"
 #include "cache/store.h"
 #include "compiler/attention_compile.h"
 #include "compiler/compile.h"
@@ -46,6 +47,9 @@ struct BackendDeps {
   absl::Status raw_toolchain_status = absl::FailedPreconditionError("raw kernels are disabled");
   v1::DaemonConfig config;
   MetricsRegistry* metrics = nullptr;
+  // The shared remote tier (issue 16), or null: asked after a local miss,
+  // before compiling (service/remote_hook.h); published to after a compile.
+  SharedTier* remote = nullptr;
 };
 
 // A request resolved to its kernel identity and where it compiles.

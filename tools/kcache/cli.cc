@@ -31,6 +31,7 @@
 #include "tools/kcache/args.h"
 #include "tools/kcache/manifest.h"
 #include "tools/kcache/output.h"
+#include "tools/kcache/remote_output.h"
 #include "tools/kcache/warm.h"
 
 namespace kcache::tools {
@@ -524,6 +525,7 @@ class Cli {
         }
         o << "queues      " << (qs.empty() ? std::string("none yet") : absl::StrJoin(qs, "; "))
           << "\n";
+        if (s.has_remote()) o << "remote      " << RemoteStatusLine(s.remote()) << "\n";
       }
       o << "store       " << s.entries() << " entries, " << s.blobs() << " cubins, "
         << HumanBytes(s.blob_bytes()) << ", " << s.pinned() << " pinned, " << s.quarantined()
@@ -555,6 +557,7 @@ class Cli {
           << "misses            " << s.misses() << "\n"
           << "compiles          " << s.compiles() << "\n"
           << "compile failures  " << s.compile_failures() << "\n";
+        if (s.has_remote()) PrintRemoteStats(o, s.remote());
       }
       o << "entries           " << s.entries() << "\n"
         << "cubins            " << s.blobs() << " (" << HumanBytes(s.blob_bytes()) << ")\n"

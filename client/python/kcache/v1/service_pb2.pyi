@@ -245,12 +245,46 @@ class QueueStats(_message.Message):
     name: str
     def __init__(self, name: _Optional[str] = ..., depth: _Optional[int] = ..., busy: bool = ...) -> None: ...
 
+class RemoteTierStats(_message.Message):
+    __slots__ = ["address", "bad_entries", "bytes_read", "bytes_written", "connected", "errors", "hits", "last_error", "lease_waits", "leases", "misses", "publishes", "reconnects", "takeovers", "wait_timeouts"]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    BAD_ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    BYTES_READ_FIELD_NUMBER: _ClassVar[int]
+    BYTES_WRITTEN_FIELD_NUMBER: _ClassVar[int]
+    CONNECTED_FIELD_NUMBER: _ClassVar[int]
+    ERRORS_FIELD_NUMBER: _ClassVar[int]
+    HITS_FIELD_NUMBER: _ClassVar[int]
+    LAST_ERROR_FIELD_NUMBER: _ClassVar[int]
+    LEASES_FIELD_NUMBER: _ClassVar[int]
+    LEASE_WAITS_FIELD_NUMBER: _ClassVar[int]
+    MISSES_FIELD_NUMBER: _ClassVar[int]
+    PUBLISHES_FIELD_NUMBER: _ClassVar[int]
+    RECONNECTS_FIELD_NUMBER: _ClassVar[int]
+    TAKEOVERS_FIELD_NUMBER: _ClassVar[int]
+    WAIT_TIMEOUTS_FIELD_NUMBER: _ClassVar[int]
+    address: str
+    bad_entries: int
+    bytes_read: int
+    bytes_written: int
+    connected: bool
+    errors: int
+    hits: int
+    last_error: str
+    lease_waits: int
+    leases: int
+    misses: int
+    publishes: int
+    reconnects: int
+    takeovers: int
+    wait_timeouts: int
+    def __init__(self, address: _Optional[str] = ..., connected: bool = ..., last_error: _Optional[str] = ..., hits: _Optional[int] = ..., misses: _Optional[int] = ..., errors: _Optional[int] = ..., bad_entries: _Optional[int] = ..., publishes: _Optional[int] = ..., leases: _Optional[int] = ..., lease_waits: _Optional[int] = ..., takeovers: _Optional[int] = ..., wait_timeouts: _Optional[int] = ..., bytes_read: _Optional[int] = ..., bytes_written: _Optional[int] = ..., reconnects: _Optional[int] = ...) -> None: ...
+
 class StatsRequest(_message.Message):
     __slots__ = []
     def __init__(self) -> None: ...
 
 class StatsResponse(_message.Message):
-    __slots__ = ["blob_bytes", "blobs", "compile_failures", "compile_only", "compiles", "devices", "entries", "groups", "hits", "misses", "pinned", "quarantined", "queues", "raw_toolchain", "requests", "store_damage", "toolchain", "unreadable"]
+    __slots__ = ["blob_bytes", "blobs", "compile_failures", "compile_only", "compiles", "devices", "entries", "groups", "hits", "misses", "pinned", "quarantined", "queues", "raw_toolchain", "remote", "requests", "store_damage", "toolchain", "unreadable"]
     BLOBS_FIELD_NUMBER: _ClassVar[int]
     BLOB_BYTES_FIELD_NUMBER: _ClassVar[int]
     COMPILES_FIELD_NUMBER: _ClassVar[int]
@@ -265,6 +299,7 @@ class StatsResponse(_message.Message):
     QUARANTINED_FIELD_NUMBER: _ClassVar[int]
     QUEUES_FIELD_NUMBER: _ClassVar[int]
     RAW_TOOLCHAIN_FIELD_NUMBER: _ClassVar[int]
+    REMOTE_FIELD_NUMBER: _ClassVar[int]
     REQUESTS_FIELD_NUMBER: _ClassVar[int]
     STORE_DAMAGE_FIELD_NUMBER: _ClassVar[int]
     TOOLCHAIN_FIELD_NUMBER: _ClassVar[int]
@@ -283,11 +318,12 @@ class StatsResponse(_message.Message):
     quarantined: int
     queues: _containers.RepeatedCompositeFieldContainer[QueueStats]
     raw_toolchain: _record_pb2.Toolchain
+    remote: RemoteTierStats
     requests: int
     store_damage: str
     toolchain: _record_pb2.Toolchain
     unreadable: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, entries: _Optional[int] = ..., blob_bytes: _Optional[int] = ..., blobs: _Optional[int] = ..., pinned: _Optional[int] = ..., quarantined: _Optional[int] = ..., groups: _Optional[_Iterable[_Union[GroupStats, _Mapping]]] = ..., requests: _Optional[int] = ..., hits: _Optional[int] = ..., misses: _Optional[int] = ..., compiles: _Optional[int] = ..., compile_failures: _Optional[int] = ..., queues: _Optional[_Iterable[_Union[QueueStats, _Mapping]]] = ..., toolchain: _Optional[_Union[_record_pb2.Toolchain, _Mapping]] = ..., devices: _Optional[_Iterable[str]] = ..., compile_only: bool = ..., raw_toolchain: _Optional[_Union[_record_pb2.Toolchain, _Mapping]] = ..., unreadable: _Optional[_Iterable[str]] = ..., store_damage: _Optional[str] = ...) -> None: ...
+    def __init__(self, entries: _Optional[int] = ..., blob_bytes: _Optional[int] = ..., blobs: _Optional[int] = ..., pinned: _Optional[int] = ..., quarantined: _Optional[int] = ..., groups: _Optional[_Iterable[_Union[GroupStats, _Mapping]]] = ..., requests: _Optional[int] = ..., hits: _Optional[int] = ..., misses: _Optional[int] = ..., compiles: _Optional[int] = ..., compile_failures: _Optional[int] = ..., queues: _Optional[_Iterable[_Union[QueueStats, _Mapping]]] = ..., toolchain: _Optional[_Union[_record_pb2.Toolchain, _Mapping]] = ..., devices: _Optional[_Iterable[str]] = ..., compile_only: bool = ..., raw_toolchain: _Optional[_Union[_record_pb2.Toolchain, _Mapping]] = ..., unreadable: _Optional[_Iterable[str]] = ..., store_damage: _Optional[str] = ..., remote: _Optional[_Union[RemoteTierStats, _Mapping]] = ...) -> None: ...
 
 class VerifyRequest(_message.Message):
     __slots__ = []
