@@ -17,7 +17,10 @@ cd "$(dirname "$0")/.."
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 export PYTHONUNBUFFERED=1
 if [[ ! -x dist/kcached && -f .devcarry/pack/kcache-dist.tar.xz ]]; then
-  tar -xJf .devcarry/pack/kcache-dist.tar.xz
+  # The archive holds the two programs without a folder (build-static.sh packs
+  # them from dist/); Python's tarfile, since the GPU machine may lack xz.
+  mkdir -p dist
+  python3 -c "import tarfile; tarfile.open('.devcarry/pack/kcache-dist.tar.xz').extractall('dist')"
 fi
 LOGS=${OUT:-/tmp/kcache-gpu-suite}
 mkdir -p "$LOGS"
