@@ -105,13 +105,17 @@ uint64_t Client::rpc_count() const {
 
 absl::Status Client::EnsureConnected(absl::Time deadline) {
   const absl::Time until = std::min(deadline, absl::Now() + options_.connect_timeout);
-  if (auto st = ProbeUnixTarget(options_.target, until - absl::Now()); !st.ok()) return st;
-  if (channel_->GetState(true) == GRPC_CHANNEL_READY) return absl::OkStatus();
-  if (!channel_->WaitForConnected(absl::ToChronoTime(until))) {
+  if (auto st = ProbeUnixTarget(options_.target, until - absl::Now(), reached_.load());
+      !st.ok()) {
+    return st;
+  }
+  if (channel_->GetState(true) != GRPC_CHANNEL_READY &&
+      !channel_->WaitForConnected(absl::ToChronoTime(until))) {
     return absl::UnavailableError(absl::StrCat("no kcache daemon answered at ", options_.target,
                                                " within ", absl::FormatDuration(
                                                                options_.connect_timeout)));
   }
+  reached_.store(true);
   return absl::OkStatus();
 }
 

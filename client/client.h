@@ -12,6 +12,7 @@
 // before destroying those contexts).
 #pragma once
 
+#include <atomic>
 #include <map>
 #include <memory>
 #include <string>
@@ -157,6 +158,8 @@ class Client {
   std::string admin_token_;  // options_.admin_token or the contents of admin_token_path
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::KernelService::Stub> stub_;
+  // The daemon has been reached once: a missing socket later is a restart.
+  std::atomic<bool> reached_{false};
 
   mutable absl::Mutex mu_;
   // Request bytes -> in-flight or finished fetch.

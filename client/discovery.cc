@@ -58,7 +58,8 @@ int ConnectOnce(const std::string& path) {
 
 }  // namespace
 
-absl::Status ProbeUnixTarget(absl::string_view target, absl::Duration budget) {
+absl::Status ProbeUnixTarget(absl::string_view target, absl::Duration budget,
+                             bool reached_before) {
   const std::string path = UnixSocketPath(target);
   if (path.empty()) return absl::OkStatus();
   if (path.size() >= sizeof(sockaddr_un{}.sun_path)) {
@@ -70,7 +71,13 @@ absl::Status ProbeUnixTarget(absl::string_view target, absl::Duration budget) {
   for (;;) {
     struct stat st;
     if (::stat(path.c_str(), &st) != 0) {
-      if (errno == EACCES) {
+      const int stat_errno = errno;
+      if (stat_errno == ENOENT && reached_before && absl::Now() < until) {
+        absl::SleepFor(std::min(backoff, until - absl::Now()));  // restarting
+        backoff = std::min(backoff * 2, absl::Seconds(1));
+        continue;
+      }
+      if (stat_errno == EACCES) {
         return absl::UnavailableError(absl::StrCat(
             "kcache daemon socket ", path,
             ": permission denied (a directory on the path may not be searched; "

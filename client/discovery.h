@@ -32,8 +32,12 @@ std::string UnixSocketPath(absl::string_view target);
 // `budget`. OK for other targets and when the connect succeeds. Otherwise
 // UnavailableError naming the path and the reason: missing (with how to start
 // the daemon), not a socket, permission denied (with the kcache group hint),
-// or still refusing after the budget.
+// or still refusing after the budget. `reached_before`: this client has
+// talked to the daemon at this target, so a missing socket is a daemon
+// restarting (it removes its socket on exit) and is waited for too, within
+// the budget; otherwise a missing socket fails at once.
 absl::Status ProbeUnixTarget(absl::string_view target,
-                             absl::Duration budget = absl::Seconds(10));
+                             absl::Duration budget = absl::Seconds(10),
+                             bool reached_before = false);
 
 }  // namespace kcache
