@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "client/cuda_loader.h"
+#include "client/discovery.h"
 #include "client/raw_launch.h"
 
 namespace kcache {
@@ -46,7 +47,7 @@ absl::Status FromGrpcStatus(const grpc::Status& status) {
 }
 
 absl::StatusOr<std::unique_ptr<Client>> Client::Create(ClientOptions options) {
-  if (options.target.empty()) return absl::InvalidArgumentError("ClientOptions.target: empty");
+  options.target = DiscoverTarget(options.target);
   std::string token = options.admin_token;
   if (!options.admin_token_path.empty()) {
     if (!token.empty()) {
@@ -102,10 +103,30 @@ uint64_t Client::rpc_count() const {
   return rpcs_;
 }
 
+absl::Status Client::EnsureConnected(absl::Time deadline) {
+  const absl::Time until = std::min(deadline, absl::Now() + options_.connect_timeout);
+  if (auto st = ProbeUnixTarget(options_.target, until - absl::Now(), reached_.load());
+      !st.ok()) {
+    return st;
+  }
+  if (channel_->GetState(true) != GRPC_CHANNEL_READY &&
+      !channel_->WaitForConnected(absl::ToChronoTime(until))) {
+    return absl::UnavailableError(absl::StrCat("no kcache daemon answered at ", options_.target,
+                                               " within ", absl::FormatDuration(
+                                                               options_.connect_timeout)));
+  }
+  reached_.store(true);
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::shared_ptr<const v1::GetKernelResponse>> Client::CallGetKernel(
     const v1::GetKernelRequest& request, absl::Time deadline) {
   absl::Duration backoff = options_.initial_backoff;
+  absl::Time unavailable_since = absl::InfiniteFuture();
   for (;;) {
+    // A missing, wrong or forbidden socket fails here at once; a daemon that
+    // refuses is waited for at most connect_timeout, not the compile deadline.
+    if (auto st = EnsureConnected(deadline); !st.ok()) return st;
     grpc::ClientContext ctx;
     ctx.set_deadline(absl::ToChronoTime(deadline));
     // Wait for the channel to connect rather than failing at once while the
@@ -131,6 +152,12 @@ absl::StatusOr<std::shared_ptr<const v1::GetKernelResponse>> Client::CallGetKern
                  st.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED ||
                  st.error_code() == grpc::StatusCode::CANCELLED;
     absl::Time now = absl::Now();
+    if (st.error_code() == grpc::StatusCode::UNAVAILABLE) {
+      unavailable_since = std::min(unavailable_since, now);
+      if (now - unavailable_since >= options_.connect_timeout) retry = false;
+    } else {
+      unavailable_since = absl::InfiniteFuture();
+    }
     if (!retry || now + backoff >= deadline) {
       if (st.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
         // gRPC says DEADLINE_EXCEEDED both when no daemon ever answered
@@ -354,6 +381,7 @@ absl::StatusOr<std::shared_ptr<const LoadedKernel>> Client::LoadRequest(
 
 absl::StatusOr<v1::PrefetchResponse> Client::Prefetch(const v1::PrefetchRequest& request,
                                                       absl::Duration deadline) {
+  if (auto st = EnsureConnected(absl::Now() + deadline); !st.ok()) return st;
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + deadline));
   ctx.set_wait_for_ready(true);

@@ -12,6 +12,7 @@
 // before destroying those contexts).
 #pragma once
 
+#include <atomic>
 #include <map>
 #include <memory>
 #include <string>
@@ -28,12 +29,19 @@ namespace kcache {
 
 struct ClientOptions {
   // gRPC target: "unix:/abs/path.sock", "unix:relative.sock" or "host:port".
-  std::string target = "unix:.kcache/kcached.sock";
+  // Empty: found by DiscoverTarget (client/discovery.h): $KCACHE_TARGET, else
+  // /run/kcache/kcached.sock if it exists, else .kcache/kcached.sock.
+  std::string target;
+  // How long a call waits to reach the daemon (a unix: socket that exists
+  // but refuses, i.e. a restarting daemon; a channel that does not connect),
+  // separately from the compile deadline. A missing socket, a path that is
+  // not a socket, or one this user may not open fails at once.
+  absl::Duration connect_timeout = absl::Seconds(10);
   // Deadline of one GetKernel when the caller gives none; a cold compile can
   // take a while.
   absl::Duration default_deadline = absl::Minutes(10);
-  // While the daemon is unavailable (not started yet, restarting), retry
-  // with exponential backoff, within the call's deadline.
+  // While the daemon is unavailable (restarting), retry with exponential
+  // backoff, for at most connect_timeout and within the call's deadline.
   absl::Duration initial_backoff = absl::Milliseconds(20);
   absl::Duration max_backoff = absl::Seconds(1);
   int max_message_bytes = 64 << 20;
@@ -70,8 +78,9 @@ struct LoadedKernel {
 
 class Client {
  public:
-  // Creates the channel; does not wait for the daemon. InvalidArgument
-  // naming the field for an empty target, both admin-token fields set, or an
+  // Creates the channel; does not wait for the daemon. An empty target is
+  // discovered (DiscoverTarget). InvalidArgument naming the field for both
+  // admin-token fields set, or an
   // admin_token_path that cannot be read or holds no token.
   static absl::StatusOr<std::unique_ptr<Client>> Create(ClientOptions options);
   ~Client();
@@ -83,8 +92,9 @@ class Client {
   // the same request makes no RPC. Errors carry the daemon's code and
   // message: InvalidArgument (a bad spec field), FailedPrecondition (the
   // compile failed; the message holds the log), DeadlineExceeded, and
-  // Unavailable when no daemon answered before the deadline ("no kcache
-  // daemon at unix:...").
+  // Unavailable at once when a unix: socket is missing, not a socket or not
+  // permitted (the message names the path and the fix), and when no daemon
+  // answered within connect_timeout ("no kcache daemon ... at unix:...").
   absl::StatusOr<std::shared_ptr<const v1::GetKernelResponse>> Fetch(
       const v1::AttentionSpec& spec, const v1::Target& target,
       absl::Duration deadline = absl::ZeroDuration());
@@ -140,11 +150,16 @@ class Client {
                                                                    absl::Duration deadline);
   absl::StatusOr<std::shared_ptr<const v1::GetKernelResponse>> CallGetKernel(
       const v1::GetKernelRequest& request, absl::Time deadline);
+  // Before an RPC: the socket probe, then the channel's connect, both within
+  // min(connect_timeout, deadline).
+  absl::Status EnsureConnected(absl::Time deadline);
 
   const ClientOptions options_;
   std::string admin_token_;  // options_.admin_token or the contents of admin_token_path
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::KernelService::Stub> stub_;
+  // The daemon has been reached once: a missing socket later is a restart.
+  std::atomic<bool> reached_{false};
 
   mutable absl::Mutex mu_;
   // Request bytes -> in-flight or finished fetch.

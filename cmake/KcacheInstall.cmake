@@ -11,6 +11,7 @@ install(TARGETS kcache_client kcache_proto EXPORT kcacheTargets
   ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
   LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR})
 install(FILES ${PROJECT_SOURCE_DIR}/client/client.h ${PROJECT_SOURCE_DIR}/client/cuda_loader.h
+  ${PROJECT_SOURCE_DIR}/client/discovery.h
   ${PROJECT_SOURCE_DIR}/client/raw_launch.h
   DESTINATION ${_incdir}/client)
 install(FILES ${PROJECT_SOURCE_DIR}/kernels/attention_params.h DESTINATION ${_incdir}/kernels)

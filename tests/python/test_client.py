@@ -132,39 +132,44 @@ def test_invalid_target_arch(daemon):
     c.close()
 
 
-def test_no_daemon_is_unavailable_within_the_deadline(tmpdir_short):
+def test_no_daemon_is_unavailable_at_once(tmpdir_short):
     c = kcache.Client("unix:%s/none.sock" % tmpdir_short)
     t0 = time.monotonic()
     with pytest.raises(kcache.Unavailable) as ei:
-        c.get_kernel(specs()["none_fp16_d64"], arch="sm_80", timeout=1.0)
+        c.get_kernel(specs()["none_fp16_d64"], arch="sm_80")  # the 600 s default deadline
     elapsed = time.monotonic() - t0
-    assert elapsed < 1.5, elapsed
+    assert elapsed < 1.0, elapsed
     assert "no kcache daemon at unix:%s/none.sock" % tmpdir_short in str(ei.value)
-    assert c.rpc_count > 1  # it retried with backoff
+    assert c.rpc_count == 0  # a missing socket is not retried (tests/python/test_discovery.py)
     assert isinstance(ei.value, ConnectionError)
     c.close()
 
 
-def test_waits_for_a_daemon_that_starts_late(make_daemon):
-    d = make_daemon()
+def test_waits_for_a_daemon_that_restarts(make_daemon):
+    # Once the client has reached the daemon, a socket that goes away (the daemon removes it
+    # on exit) is a restart: waited for, within connect_timeout.
+    d = make_daemon().start()
     c = kcache.Client(d.target, initial_backoff=0.01, max_backoff=0.2)
+    c.get_kernel(specs()["none_fp16_d64"], arch="sm_80", timeout=120)
+    assert d.stop() == 0
+    n = c.rpc_count
     out = {}
 
     def run():
         try:
-            out["r"] = c.get_kernel(specs()["none_fp16_d64"], arch="sm_80", timeout=120)
+            out["r"] = c.get_kernel(specs()["causal_bf16_d128_gqa"], arch="sm_80", timeout=120)
         except Exception as e:  # noqa: BLE001
             out["e"] = e
 
     t = threading.Thread(target=run)
     t.start()
-    while c.rpc_count < 2 and t.is_alive():  # the client has been refused at least once
-        time.sleep(0.005)
+    time.sleep(0.3)  # the client is waiting for the socket to come back
+    assert t.is_alive() and "e" not in out, out.get("e")
     d.start()
     t.join()
     assert "e" not in out, out.get("e")
     assert out["r"].cubin[:4] == b"\x7fELF"
-    assert c.rpc_count >= 2
+    assert c.rpc_count > n
     c.close()
 
 

@@ -57,6 +57,9 @@ TEST(DaemonE2E, ShutdownWithACompilePastTheGraceTellsWaitersToRetry) {
 
   ClientOptions o;
   o.target = d.target();
+  // The daemon is down for the 8 s compile it waits for plus a restart: more
+  // than the default 10 s connect budget on a loaded machine.
+  o.connect_timeout = absl::Minutes(2);
   auto client = Client::Create(o);
   ASSERT_TRUE(client.ok());
   absl::StatusOr<std::shared_ptr<const v1::GetKernelResponse>> got;

@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
 #include "cache/key.h"
 #include "cache/store.h"
 #include "gmock/gmock.h"
@@ -426,6 +427,28 @@ TEST(Cli, HelpForEveryCommandAndUnavailableStores) {
   CliRun r = Kcache({"--socket", dir.Sub("none.sock"), "--timeout", "1s", "status"});
   EXPECT_EQ(r.code, 3) << Show(r);
   EXPECT_THAT(r.err, HasSubstr("no kcache daemon"));
+}
+
+// A missing socket or a path that is not one: exit 3 at once, naming the path
+// (client/discovery.h), with the default 10-minute call timeout.
+TEST(Cli, MissingOrWrongSocketExitsThreeAtOnce) {
+  for (const char* path : {"/nonexistent", "/nonexistent/kcached.sock"}) {
+    const absl::Time t0 = absl::Now();
+    CliRun r = Kcache({"--socket", path, "status"});
+    EXPECT_LT(absl::Now() - t0, absl::Seconds(1)) << path;
+    EXPECT_EQ(r.code, 3) << Show(r);
+    EXPECT_THAT(r.err, HasSubstr(path));
+    EXPECT_THAT(r.err, HasSubstr("does not exist"));
+    EXPECT_THAT(r.err, HasSubstr("scripts/run.sh"));
+  }
+  TempDir dir;
+  const std::string file = dir.Sub("kcached.sock");
+  std::ofstream(file) << "x";
+  const absl::Time t0 = absl::Now();
+  CliRun r = Kcache({"--target", "unix:" + file, "status"});
+  EXPECT_LT(absl::Now() - t0, absl::Seconds(1));
+  EXPECT_EQ(r.code, 3) << Show(r);
+  EXPECT_THAT(r.err, HasSubstr(file + " exists but is not a socket"));
 }
 
 

@@ -2,6 +2,7 @@
 // StoreAdmin over cache/store.h.
 #include "tools/kcache/admin.h"
 
+#include <cstdlib>
 #include <filesystem>
 
 #include "absl/strings/match.h"
@@ -10,6 +11,7 @@
 #include "cache/key.h"
 #include "cache/store.h"
 #include "client/client.h"
+#include "client/discovery.h"
 #include "compiler/nvrtc.h"
 #include "compiler/toolchain.h"
 
@@ -258,6 +260,10 @@ absl::StatusOr<std::unique_ptr<Admin>> ConnectDaemon(const std::string& target,
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(64 << 20);
   args.SetMaxSendMessageSize(64 << 20);
+  // A missing socket, a path that is not one, or one this user may not open
+  // is said at once, with the path; a refusing daemon is waited for at most
+  // connect_timeout.
+  if (auto st = ProbeUnixTarget(target, o.connect_timeout); !st.ok()) return st;
   auto channel = grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
   if (!channel->WaitForConnected(absl::ToChronoTime(absl::Now() + o.connect_timeout))) {
     return absl::UnavailableError(absl::StrCat("no kcache daemon answers at ", target));
@@ -311,11 +317,26 @@ absl::StatusOr<std::unique_ptr<Admin>> Connect(const ConnectOptions& o, bool mut
   if (!o.target.empty()) return ConnectDaemon(o.target, o);
   if (!o.socket.empty()) return ConnectDaemon(absl::StrCat("unix:", o.socket), o);
   if (!o.store.empty()) return OpenStore(o.store, o, mutate, create);
-  // Defaults: the daemon if its socket is there, else the store itself.
+  // Defaults: the daemon as every client finds it (client/discovery.h):
+  // $KCACHE_TARGET, else /run/kcache/kcached.sock or .kcache/kcached.sock if
+  // there; else the store itself.
+  const std::string target = DiscoverTarget();
+  if (const char* env = std::getenv("KCACHE_TARGET"); env != nullptr && *env != '\0') {
+    return ConnectDaemon(target, o);
+  }
   std::error_code ec;
-  if (fs::exists(kDefaultSocket, ec)) {
-    auto d = ConnectDaemon(absl::StrCat("unix:", kDefaultSocket), o);
+  const std::string path = UnixSocketPath(target);
+  if (!path.empty() && fs::exists(fs::symlink_status(path, ec))) {
+    auto d = ConnectDaemon(target, o);
     if (d.ok()) return d;
+    // A stale socket over a store of our own: the store. No store: the
+    // daemon's reason (missing permission, say), not "no kcache store".
+    auto s = OpenStore(kDefaultStore, o, mutate, create);
+    if (!s.ok() && absl::IsUnavailable(s.status()) &&
+        absl::StrContains(s.status().message(), "no kcache store")) {
+      return d.status();
+    }
+    return s;
   }
   return OpenStore(kDefaultStore, o, mutate, create);
 }

@@ -68,8 +68,9 @@ class Admin {
 
 struct ConnectOptions {
   // Exactly one of these selects the mode; all empty = the defaults: the
-  // daemon on .kcache/kcached.sock if its socket exists, else the store
-  // .kcache/store directly.
+  // daemon at $KCACHE_TARGET, else on /run/kcache/kcached.sock or
+  // .kcache/kcached.sock if that socket exists (client/discovery.h), else the
+  // store .kcache/store directly.
   std::string socket;  // --socket PATH
   std::string target;  // --target (gRPC target, e.g. unix:/path or host:port)
   std::string store;   // --store DIR

@@ -56,7 +56,7 @@ std::string NumericCheckLine(const v1::NumericCheck& c) {
 
 const std::vector<FlagSpec>& GlobalFlags() {
   static const auto* f = new std::vector<FlagSpec>{
-      {"socket", true, "PATH", "the daemon's Unix socket (default .kcache/kcached.sock)"},
+      {"socket", true, "PATH", "the daemon's Unix socket (default: $KCACHE_TARGET, /run/kcache/kcached.sock, .kcache/kcached.sock)"},
       {"target", true, "TARGET", "the daemon's gRPC target, e.g. unix:/run/kcache/kcached.sock"},
       {"store", true, "DIR", "work on a store directory directly, without a daemon"},
       {"json", false, "", "print JSON for scripts instead of tables"},

@@ -6,8 +6,9 @@ RPC and the answer is memoized per request (spec + target): a second call
 makes no RPC. Failures are not memoized. A kernel is loaded into a CUDA
 context once per (key, context) (Client.load). The client never compiles.
 
-While the daemon is unavailable (not started yet, restarting) a call retries
-with exponential backoff, within its deadline. Errors are kcache.errors:
+A missing, wrong or forbidden unix: socket fails at once (kcache.Unavailable
+naming the path); while the daemon refuses (restarting) a call retries with
+exponential backoff for at most connect_timeout (10 s), within its deadline. Errors are kcache.errors:
 InvalidSpec (a ValueError naming the field), CompileError (with the log),
 Unavailable ("no kcache daemon at ..."), DeadlineExceeded; bad arguments to
 the client itself are InvalidArgument (a ValueError).
@@ -36,7 +37,86 @@ if TYPE_CHECKING:  # annotations only; the modules load on first use
     from kcache.cuda import LoadedKernel
     from kcache.v1 import record_pb2, service_pb2, spec_pb2
 
-DEFAULT_TARGET = "unix:.kcache/kcached.sock"
+SYSTEM_SOCKET = "/run/kcache/kcached.sock"
+LOCAL_SOCKET = ".kcache/kcached.sock"
+DEFAULT_TARGET = "unix:" + LOCAL_SOCKET
+_START_HINT = ("start the daemon (scripts/run.sh, or systemctl start kcached) or point "
+               "KCACHE_TARGET at its socket")
+
+
+def discover_target(target: Optional[str] = None) -> str:
+    """The daemon's gRPC target, found as every kcache client finds it (client/discovery.h):
+    `target` if given; else $KCACHE_TARGET; else unix:/run/kcache/kcached.sock if that path
+    exists; else unix:.kcache/kcached.sock."""
+    if target:
+        return target
+    env = os.environ.get("KCACHE_TARGET")
+    if env:
+        return env
+    if os.path.exists(SYSTEM_SOCKET):
+        return "unix:" + SYSTEM_SOCKET
+    return DEFAULT_TARGET
+
+
+def _unix_path(target: str) -> Optional[str]:
+    for prefix in ("unix://", "unix:"):
+        if target.startswith(prefix):
+            return target[len(prefix):]
+    return None
+
+
+def probe_target(target: str, budget: float = 10.0, reached_before: bool = False) -> None:
+    """For a unix: target, a plain connect(2) to its socket before any RPC, retried while the
+    daemon refuses (restarting) for at most `budget` seconds. Raises kcache.Unavailable naming
+    the path and the reason (missing, not a socket, permission denied, still refusing).
+    `reached_before`: the caller has talked to this daemon, so a missing socket is a restart
+    (the daemon removes its socket on exit) and is waited for too, within `budget`."""
+    import socket
+    import stat
+    import errno
+    path = _unix_path(target)
+    if path is None:
+        return
+    until = time.monotonic() + budget
+    backoff = 0.02
+    while True:
+        try:
+            st = os.stat(path)
+        except PermissionError:
+            raise errors.Unavailable(
+                "kcache daemon socket %s: permission denied (a directory on the path may not be "
+                "searched; is this user in the kcache group?)" % path) from None
+        except OSError:
+            if reached_before and time.monotonic() < until:  # restarting
+                time.sleep(max(0.0, min(backoff, until - time.monotonic())))
+                backoff = min(backoff * 2, 1.0)
+                continue
+            raise errors.Unavailable("no kcache daemon at %s: %s does not exist; %s"
+                                     % (target, path, _START_HINT)) from None
+        if not stat.S_ISSOCK(st.st_mode):
+            raise errors.Unavailable("no kcache daemon at %s: %s exists but is not a socket; %s"
+                                     % (target, path, _START_HINT))
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            s.settimeout(max(0.1, min(1.0, until - time.monotonic())))
+            s.connect(path)
+            return
+        except OSError as e:
+            err = e.errno
+            if err in (errno.EACCES, errno.EPERM):
+                raise errors.Unavailable(
+                    "kcache daemon socket %s: permission denied (add this user to the kcache "
+                    "group: usermod -aG kcache $USER, then log in again)" % path) from None
+            transient = err in (errno.ECONNREFUSED, errno.EAGAIN, errno.ENOENT) or \
+                isinstance(e, socket.timeout)
+            if not transient or time.monotonic() >= until:
+                raise errors.Unavailable("no kcache daemon answers at %s (%s%s): %s" % (
+                    target, os.strerror(err) if err else str(e),
+                    " for %gs" % budget if transient else "", _START_HINT)) from None
+        finally:
+            s.close()
+        time.sleep(max(0.0, min(backoff, until - time.monotonic())))
+        backoff = min(backoff * 2, 1.0)
 
 
 def arch_for_capability(major: int, minor: int) -> str:
@@ -87,13 +167,19 @@ _FIELD = re.compile(r"^([A-Za-z_][\w.\[\]]*)\s*:")
 
 
 class Client:
-    def __init__(self, target: str = DEFAULT_TARGET, *, default_timeout: float = 600.0,
+    def __init__(self, target: Optional[str] = None, *, default_timeout: float = 600.0,
                  initial_backoff: float = 0.02, max_backoff: float = 1.0,
+                 connect_timeout: float = 10.0,
                  max_message_bytes: int = 64 << 20, admin_token: Optional[str] = None,
                  admin_token_path: Optional[str] = None) -> None:
         """`admin_token` (or a file holding it, `admin_token_path`, read here with surrounding
-        whitespace stripped as kcached reads its own) is sent with raw-kernel requests only."""
+        whitespace stripped as kcached reads its own) is sent with raw-kernel requests only.
+        Without `target` the daemon is found by discover_target(). Before any RPC a unix:
+        socket is checked (probe_target); `connect_timeout` bounds the wait for a daemon that
+        refuses (restarting), separately from the compile deadline."""
         import grpc
+        if target is None:
+            target = discover_target()
         if not target:
             raise errors.InvalidArgument("target: empty", "target")
         if admin_token and admin_token_path:
@@ -117,6 +203,8 @@ class Client:
         self.default_timeout = float(default_timeout)
         self.initial_backoff = float(initial_backoff)
         self.max_backoff = float(max_backoff)
+        self.connect_timeout = float(connect_timeout)
+        self._reached = False  # the daemon answered once: a missing socket later is a restart
         self._channel = grpc.insecure_channel(target, options=[
             ("grpc.max_receive_message_length", max_message_bytes),
             ("grpc.max_send_message_length", max_message_bytes),
@@ -238,10 +326,15 @@ class Client:
         metadata = (("authorization", "Bearer " + token),) if raw and token else None
         backoff = self.initial_backoff
         last = None
+        unavailable_since = None
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 break
+            # Fails at once for a missing, wrong or forbidden socket; waits at most
+            # connect_timeout for one that refuses. Then the RPC has the compile deadline.
+            probe_target(self.target, min(self.connect_timeout, remaining), self._reached)
+            self._reached = True
             with self._lock:
                 self._rpcs += 1
             try:
@@ -254,6 +347,15 @@ class Client:
                                 grpc.StatusCode.CANCELLED):
                     raise self._error(e, raw=raw, token_sent=bool(metadata)) from None
                 last = e
+                if code == grpc.StatusCode.UNAVAILABLE:
+                    # A daemon that stays unavailable is bounded by connect_timeout, not by
+                    # the compile deadline.
+                    now = time.monotonic()
+                    unavailable_since = unavailable_since or now
+                    if now - unavailable_since >= self.connect_timeout:
+                        break
+                else:
+                    unavailable_since = None
                 wait = backoff
                 for k, v in (e.trailing_metadata() or ()):
                     if k == "retry-after-ms":  # a server hint wins over our own backoff
@@ -355,11 +457,12 @@ _default_lock = threading.Lock()
 
 
 def default_client() -> Client:
-    """A process-wide Client for $KCACHE_TARGET (default unix:.kcache/kcached.sock), with the
-    admin token (raw kernels only) from the file $KCACHE_ADMIN_TOKEN_PATH when set."""
+    """A process-wide Client for the daemon discover_target() finds ($KCACHE_TARGET, else
+    /run/kcache/kcached.sock if it exists, else .kcache/kcached.sock), with the admin token
+    (raw kernels only) from the file $KCACHE_ADMIN_TOKEN_PATH when set."""
     global _default
     with _default_lock:
         if _default is None:
-            _default = Client(os.environ.get("KCACHE_TARGET", DEFAULT_TARGET),
+            _default = Client(discover_target(),
                               admin_token_path=os.environ.get("KCACHE_ADMIN_TOKEN_PATH") or None)
         return _default
