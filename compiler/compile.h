@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/match.h"
 #include "absl/time/time.h"
 
 namespace kcache {
@@ -74,6 +75,14 @@ struct CompileOutput {
 //   DeadlineExceeded    the deadline passed before the compile finished;
 //   Internal            NVRTC or a compile worker failed in some other way
 //                       (e.g. "compile worker crashed with signal 6").
+// Marks a compile that hit a compile worker's resource limit (WorkerPool's
+// ResourceExhausted; issue 26): deterministic for its input, so remembered
+// like a compile error and never answered with a retry hint.
+inline constexpr char kCompileLimitExceeded[] = "exceeded the compile worker's";
+inline bool IsCompileLimitExceeded(const absl::Status& s) {
+  return absl::IsResourceExhausted(s) && absl::StrContains(s.message(), kCompileLimitExceeded);
+}
+
 class Compiler {
  public:
   virtual ~Compiler() = default;

@@ -13,6 +13,7 @@
 #include <string_view>
 
 #include "absl/strings/str_cat.h"
+#include "compiler/compile.h"
 
 namespace kcache {
 
@@ -126,7 +127,8 @@ void CancelToken::Detach(Ticket* ticket) {
 
 namespace {
 bool DefaultMemoize(const absl::Status& s) {
-  return absl::IsFailedPrecondition(s) || absl::IsInvalidArgument(s);
+  return absl::IsFailedPrecondition(s) || absl::IsInvalidArgument(s) ||
+         IsCompileLimitExceeded(s);
 }
 absl::Status CancelledWait() { return absl::CancelledError("wait for compile cancelled"); }
 // A waiter's deadline passed before its job finished.

@@ -6,12 +6,15 @@
 #include <poll.h>
 #include <signal.h>
 #include <stdlib.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
+#include <new>
 #include <thread>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -185,7 +188,46 @@ absl::StatusOr<CompileOutput> FromResponse(const CompileResponse& r) {
   return out;
 }
 
+namespace {
+
+bool SetLimit(int resource, uint64_t value, const char* name) {
+  rlimit r;
+  if (getrlimit(resource, &r) != 0) r.rlim_max = RLIM_INFINITY;
+  r.rlim_cur = static_cast<rlim_t>(value);
+  if (r.rlim_max != RLIM_INFINITY && r.rlim_cur > r.rlim_max) r.rlim_cur = r.rlim_max;
+  if (setrlimit(resource, &r) != 0) {
+    std::fprintf(stderr, "kcache-compile-worker: setrlimit(%s): %s\n", name, strerror(errno));
+    return false;
+  }
+  return true;
+}
+
+[[noreturn]] void OutOfMemory() {
+  static const char msg[] = "kcache-compile-worker: out of memory (address-space limit)\n";
+  (void)!write(2, msg, sizeof(msg) - 1);
+  _exit(kExitOutOfMemory);
+}
+
+// Soft RLIMIT_CPU = CPU seconds used so far + the per-compile budget: the
+// kernel sends SIGXCPU (default action: terminate) when it is reached.
+void ArmCpuLimit(uint64_t budget_seconds) {
+  if (budget_seconds == 0) return;
+  rusage u;
+  if (getrusage(RUSAGE_SELF, &u) != 0) return;
+  const uint64_t used = static_cast<uint64_t>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) + 1;
+  SetLimit(RLIMIT_CPU, used + budget_seconds, "RLIMIT_CPU");
+}
+
+}  // namespace
+
 int Serve(const ServeOptions& options) {
+  // Limits first, before NVRTC or LLVM allocate anything.
+  SetLimit(RLIMIT_CORE, 0, "RLIMIT_CORE");
+  if (options.limit_as_bytes > 0) SetLimit(RLIMIT_AS, options.limit_as_bytes, "RLIMIT_AS");
+  if (options.limit_fsize_bytes > 0) {
+    SetLimit(RLIMIT_FSIZE, options.limit_fsize_bytes, "RLIMIT_FSIZE");
+  }
+  std::set_new_handler(&OutOfMemory);
   // Die with the daemon even when stuck inside NVRTC: the daemon's end of the
   // socket closes when it exits, which this thread sees as POLLRDHUP/POLLHUP
   // without consuming requests. (PR_SET_PDEATHSIG would fire when the
@@ -214,6 +256,7 @@ int Serve(const ServeOptions& options) {
     }
     absl::Time deadline;
     CompileInput input = FromRequest(request, &deadline);
+    ArmCpuLimit(options.limit_cpu_seconds);
     if (options.enable_test_faults) {
       for (auto it = input.extra_options.begin(); it != input.extra_options.end();) {
         const std::string& o = *it;
@@ -221,6 +264,25 @@ int Serve(const ServeOptions& options) {
           std::fprintf(stderr, "kcache-compile-worker: test fault: crashing\n");
           std::fflush(stderr);
           abort();
+        }
+        if (o == "kcache-test-alloc") {
+          std::fprintf(stderr, "kcache-compile-worker: test fault: allocating until it fails\n");
+          std::fflush(stderr);
+          std::vector<char*> blocks;
+          for (int i = 0; i < 1024; ++i) {  // 64 MiB at a time, up to 64 GiB
+            char* b = new char[size_t{64} << 20];
+            b[0] = 1;  // address space is what is limited; touch one page only
+            blocks.push_back(b);
+          }
+          for (char* b : blocks) delete[] b;
+          it = input.extra_options.erase(it);
+          continue;
+        }
+        if (o == "kcache-test-spin") {
+          std::fprintf(stderr, "kcache-compile-worker: test fault: spinning\n");
+          std::fflush(stderr);
+          for (volatile uint64_t n = 0;; n = n + 1) {
+          }
         }
         if (o == "kcache-test-hang") {
           std::fprintf(stderr, "kcache-compile-worker: test fault: hanging\n");
@@ -246,9 +308,18 @@ int Serve(const ServeOptions& options) {
     }
     // LLVM and nvJitLink have no cancellation: the pool kills this process
     // at the deadline instead.
-    const CompileResponse response =
-        ToResponse(input.raw.has_value() ? CompileRaw(*input.raw, input.arch, raw_options)
-                                         : nvrtc.Compile(input, deadline));
+    absl::StatusOr<CompileOutput> result = input.raw.has_value()
+                                               ? CompileRaw(*input.raw, input.arch, raw_options)
+                                               : nvrtc.Compile(input, deadline);
+    // NVRTC's out-of-memory answer under an address-space limit: the same
+    // exit as a failed operator new, so the pool names the limit (and this
+    // process, its heap possibly exhausted, is replaced).
+    if (options.limit_as_bytes > 0 && absl::IsResourceExhausted(result.status())) {
+      std::fprintf(stderr, "kcache-compile-worker: %s\n", result.status().ToString().c_str());
+      std::fflush(stderr);
+      _exit(kExitOutOfMemory);
+    }
+    const CompileResponse response = ToResponse(result);
     std::string bytes;
     if (!response.SerializeToString(&bytes)) return 1;
     if (!WriteFrame(options.fd, bytes).ok()) return 1;
@@ -267,6 +338,18 @@ absl::StatusOr<ServeOptions> ParseWorkerArgs(int argc, char** argv) {
       o.nvrtc_path = std::string(a);
     } else if (absl::ConsumePrefix(&a, "--nvjitlink=")) {
       o.nvjitlink_path = std::string(a);
+    } else if (absl::ConsumePrefix(&a, "--limit-as=")) {
+      if (!absl::SimpleAtoi(a, &o.limit_as_bytes)) {
+        return absl::InvalidArgumentError(absl::StrCat("--limit-as: not a number: ", argv[i]));
+      }
+    } else if (absl::ConsumePrefix(&a, "--limit-cpu=")) {
+      if (!absl::SimpleAtoi(a, &o.limit_cpu_seconds)) {
+        return absl::InvalidArgumentError(absl::StrCat("--limit-cpu: not a number: ", argv[i]));
+      }
+    } else if (absl::ConsumePrefix(&a, "--limit-fsize=")) {
+      if (!absl::SimpleAtoi(a, &o.limit_fsize_bytes)) {
+        return absl::InvalidArgumentError(absl::StrCat("--limit-fsize: not a number: ", argv[i]));
+      }
     } else if (a == "--enable-test-faults") {
       o.enable_test_faults = true;
       o.enable_raw_test_faults = true;

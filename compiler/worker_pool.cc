@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include <climits>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -114,6 +115,9 @@ absl::StatusOr<std::unique_ptr<WorkerPool::Worker>> WorkerPool::Spawn() const {
   if (!options_.nvjitlink_path.empty()) {
     args.push_back("--nvjitlink=" + options_.nvjitlink_path);
   }
+  args.push_back(absl::StrCat("--limit-as=", options_.limit_as_bytes));
+  args.push_back(absl::StrCat("--limit-cpu=", options_.limit_cpu_seconds));
+  args.push_back(absl::StrCat("--limit-fsize=", options_.limit_fsize_bytes));
   if (options_.enable_test_faults) args.push_back("--enable-test-faults");
   std::vector<char*> argv;
   for (std::string& a : args) argv.push_back(a.data());
@@ -136,7 +140,8 @@ absl::StatusOr<std::unique_ptr<WorkerPool::Worker>> WorkerPool::Spawn() const {
   return w;
 }
 
-std::string WorkerPool::Reap(Worker& w, bool kill_first) {
+std::string WorkerPool::Reap(Worker& w, bool kill_first, int* wait_status) {
+  if (wait_status != nullptr) *wait_status = 0;
   // Never signal a pid <= 0: kill(-1, ...) would hit every process we may
   // signal, and kill(0, ...) our own process group. A worker already reaped
   // has pid -1.
@@ -153,6 +158,7 @@ std::string WorkerPool::Reap(Worker& w, bool kill_first) {
     }
   }
   w.pid = -1;
+  if (wait_status != nullptr) *wait_status = status;
   if (WIFSIGNALED(status)) {
     const int sig = WTERMSIG(status);
     return absl::StrCat("compile worker crashed with signal ", sig, " (", strsignal(sig), ")");
@@ -170,6 +176,24 @@ bool WorkerPool::WorkerAvailable() const {
 int64_t WorkerPool::retried_compiles() const {
   absl::MutexLock lock(&mu_);
   return retried_;
+}
+
+const char* WorkerPool::LimitName(Limit l) {
+  switch (l) {
+    case kAddressSpace:
+      return "address_space";
+    case kCpuTime:
+      return "cpu_time";
+    case kOutputSize:
+      return "output_size";
+    default:
+      return "unknown";
+  }
+}
+
+int64_t WorkerPool::limit_exceeded(Limit l) const {
+  absl::MutexLock lock(&mu_);
+  return l >= 0 && l < kNumLimits ? limit_exceeded_[l] : 0;
 }
 
 std::vector<pid_t> WorkerPool::idle_worker_pids() const {
@@ -243,6 +267,13 @@ absl::StatusOr<CompileOutput> WorkerPool::Compile(const CompileInput& input, abs
       return std::move(a.result);
     }
     w.reset();  // reaped by RunOnce
+    if (a.outcome == Attempt::kLimit) {
+      // Not retried: the same input would hit the same limit.
+      absl::MutexLock lock(&mu_);
+      ++limit_exceeded_[a.limit];
+      --live_;
+      return std::move(a.result);
+    }
     if (a.outcome == Attempt::kDied && attempt == 0 && absl::Now() < deadline) {
       first_death = std::string(a.result.status().message());
       absl::MutexLock lock(&mu_);
@@ -260,7 +291,8 @@ absl::StatusOr<CompileOutput> WorkerPool::Compile(const CompileInput& input, abs
   }
 }
 
-WorkerPool::Attempt WorkerPool::RunOnce(Worker& w, const CompileInput& input, absl::Time deadline) {
+WorkerPool::Attempt WorkerPool::RunOnce(Worker& w, const CompileInput& input,
+                                        absl::Time deadline) const {
   // Each request's output starts empty, so the tail on failure is its own.
   if (ftruncate(w.stderr_fd, 0) != 0) {
     // Harmless: the tail may then include an earlier request's output.
@@ -284,8 +316,40 @@ WorkerPool::Attempt WorkerPool::RunOnce(Worker& w, const CompileInput& input, ab
   const bool timed_out = absl::IsDeadlineExceeded(io);
   const bool peer_gone = absl::IsNotFound(io) || absl::IsUnavailable(io);
   const pid_t pid = w.pid;
-  const std::string how = Reap(w, /*kill_first=*/!peer_gone);
+  int status = 0;
+  const std::string how = Reap(w, /*kill_first=*/!peer_gone, &status);
   const std::string tail = StderrTail(w.stderr_fd);
+  if (peer_gone) {
+    // Ended on one of its own resource limits: SIGXCPU (RLIMIT_CPU),
+    // SIGXFSZ (RLIMIT_FSIZE), or the worker's out-of-memory exit (an
+    // allocation failed under RLIMIT_AS).
+    const bool sig = WIFSIGNALED(status);
+    std::optional<Limit> limit;
+    std::string what;
+    if (sig && WTERMSIG(status) == SIGXCPU && options_.limit_cpu_seconds > 0) {
+      limit = kCpuTime;
+      what = absl::StrCat("CPU-time limit (", options_.limit_cpu_seconds,
+                          " s per compile; --compile_limit_cpu_seconds)");
+    } else if (sig && WTERMSIG(status) == SIGXFSZ && options_.limit_fsize_bytes > 0) {
+      limit = kOutputSize;
+      what = absl::StrCat("output-file-size limit (", options_.limit_fsize_bytes,
+                          " bytes; --compile_limit_output_bytes)");
+    } else if (WIFEXITED(status) && WEXITSTATUS(status) == worker::kExitOutOfMemory) {
+      limit = kAddressSpace;
+      what = absl::StrCat("address-space (memory) limit (", options_.limit_as_bytes,
+                          " bytes; --compile_limit_address_space_bytes)");
+    }
+    if (limit.has_value()) {
+      const std::string key =
+          input.raw.has_value() ? std::string("raw kernel") : absl::StrCat("'", input.program_name, "'");
+      Attempt a{Attempt::kLimit,
+                absl::ResourceExhaustedError(absl::StrCat(
+                    "compile of ", key, " for ", input.arch, " ", kCompileLimitExceeded, " ",
+                    what, "; limit=", LimitName(*limit), "; ", how, tail))};
+      a.limit = *limit;
+      return a;
+    }
+  }
   if (timed_out) {
     return {Attempt::kFailed,
             absl::DeadlineExceededError(absl::StrCat(

@@ -36,6 +36,13 @@ struct WorkerPoolOptions {
   std::string nvrtc_path;  // passed to the worker; empty = default search
   std::string nvjitlink_path;  // likewise, for raw kernels
   int max_workers = 2;
+  // Per-compile resource limits, set by each worker on itself (see
+  // worker::ServeOptions); core dumps are always off. 0 = unlimited. The
+  // defaults fit the largest kernels of the test suites (~150 MB, ~3 s CPU)
+  // with a wide margin.
+  uint64_t limit_as_bytes = uint64_t{4} << 30;     // RLIMIT_AS
+  uint64_t limit_cpu_seconds = 120;                // RLIMIT_CPU, per compile
+  uint64_t limit_fsize_bytes = uint64_t{256} << 20;  // RLIMIT_FSIZE
   // Tests only: start workers with --enable-test-faults (see worker.h).
   bool enable_test_faults = false;
 };
@@ -56,7 +63,11 @@ class WorkerPool : public Compiler {
   //                     (the message then says so); the worker is replaced;
   //   DeadlineExceeded  no free worker before the deadline, or the compile
   //                     ran past it: the worker was SIGKILLed and replaced;
-  //   Unavailable       a worker could not be started (path in the message).
+  //   Unavailable       a worker could not be started (path in the message);
+  //   ResourceExhausted the compile hit a worker limit (address space, CPU
+  //                     time, output size; named in the message with the
+  //                     program and arch). Not retried: the same input would
+  //                     hit it again. The worker is replaced.
   absl::StatusOr<CompileOutput> Compile(const CompileInput& input,
                                         absl::Time deadline) override;
 
@@ -65,6 +76,10 @@ class WorkerPool : public Compiler {
   // Compiles retried on a fresh worker after their worker died (since
   // construction). For tests and metrics.
   int64_t retried_compiles() const;
+  // Compiles that hit each limit (since construction). For tests and metrics.
+  enum Limit { kAddressSpace = 0, kCpuTime = 1, kOutputSize = 2, kNumLimits = 3 };
+  static const char* LimitName(Limit l);  // "address_space", "cpu_time", "output_size"
+  int64_t limit_exceeded(Limit l) const;
   // Process ids of the idle workers. For tests.
   std::vector<pid_t> idle_worker_pids() const;
 
@@ -73,15 +88,18 @@ class WorkerPool : public Compiler {
   // One request on one worker. kAnswered: the worker replied (`result` is
   // its answer, success or compile error) and may be reused. Otherwise the
   // worker has been reaped: kDied when it ended on its own (crash, exit),
-  // kFailed when it was killed (deadline, protocol error).
+  // kFailed when it was killed (deadline, protocol error), kLimit when it
+  // ended on one of its resource limits (`limit` says which).
   struct Attempt {
-    enum Outcome { kAnswered, kDied, kFailed } outcome;
+    enum Outcome { kAnswered, kDied, kFailed, kLimit } outcome;
     absl::StatusOr<CompileOutput> result;
+    Limit limit = kAddressSpace;
   };
-  static Attempt RunOnce(Worker& w, const CompileInput& input, absl::Time deadline);
+  Attempt RunOnce(Worker& w, const CompileInput& input, absl::Time deadline) const;
   absl::StatusOr<std::unique_ptr<Worker>> Spawn() const;
   // Kills (if needed) and reaps `w`; returns how it ended, as a message.
-  static std::string Reap(Worker& w, bool kill_first);
+  // `wait_status`, when set, receives waitpid's status (0 if unknown).
+  static std::string Reap(Worker& w, bool kill_first, int* wait_status = nullptr);
   bool WorkerAvailable() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const WorkerPoolOptions options_;
@@ -90,6 +108,7 @@ class WorkerPool : public Compiler {
   std::vector<std::unique_ptr<Worker>> idle_ ABSL_GUARDED_BY(mu_);
   int live_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t retried_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t limit_exceeded_[kNumLimits] ABSL_GUARDED_BY(mu_) = {};
 };
 
 }  // namespace kcache

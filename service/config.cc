@@ -34,6 +34,9 @@ v1::DaemonConfig DefaultDaemonConfig() {
   c.set_max_prefetch_requests(1024);
   c.set_remote_timeout_ms(250);
   c.set_remote_lease_ms(10000);
+  c.set_compile_limit_address_space_bytes(uint64_t{4} << 30);
+  c.set_compile_limit_cpu_seconds(120);
+  c.set_compile_limit_output_bytes(uint64_t{256} << 20);
   return c;
 }
 

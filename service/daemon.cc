@@ -303,6 +303,18 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const v1::DaemonConfig& co
   unsigned cores = std::max(1u, std::thread::hardware_concurrency());
   int threads = c.compile_threads() ? static_cast<int>(c.compile_threads()) : static_cast<int>(cores);
   wo.max_workers = c.compile_workers() ? static_cast<int>(c.compile_workers()) : threads;
+  wo.limit_as_bytes = c.compile_limit_address_space_bytes();
+  wo.limit_cpu_seconds = c.compile_limit_cpu_seconds();
+  wo.limit_fsize_bytes = c.compile_limit_output_bytes();
+  {
+    auto show = [](uint64_t v, const char* unit) {
+      return v == 0 ? std::string("unlimited") : absl::StrCat(v, unit);
+    };
+    std::cerr << "kcached: compile worker limits: address space " << show(wo.limit_as_bytes, " bytes")
+              << ", CPU time " << show(wo.limit_cpu_seconds, " s per compile")
+              << ", output file size " << show(wo.limit_fsize_bytes, " bytes")
+              << ", core dumps off\n";
+  }
   d->workers = std::make_unique<WorkerPool>(wo);
 
   Scheduler::Options sched;
@@ -356,6 +368,18 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const v1::DaemonConfig& co
                         return std::vector<std::pair<std::string, double>>{
                             {"", static_cast<double>(pool->retried_compiles())}};
                       });
+
+  d->metrics.AddGauge(
+      "kcache_compile_limit_exceeded_total",
+      "Compiles that hit a compile worker's resource limit, by limit (not retried)", [pool] {
+        std::vector<std::pair<std::string, double>> out;
+        for (int l = 0; l < WorkerPool::kNumLimits; ++l) {
+          const auto limit = static_cast<WorkerPool::Limit>(l);
+          out.emplace_back(absl::StrCat("limit=\"", WorkerPool::LimitName(limit), "\""),
+                           static_cast<double>(pool->limit_exceeded(limit)));
+        }
+        return out;
+      });
 
   // gRPC.
   uint64_t max_spec = std::min<uint64_t>(c.max_message_bytes(), 1u << 20);

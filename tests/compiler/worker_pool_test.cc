@@ -208,6 +208,70 @@ TEST(WorkerPoolTest, MissingNvrtcInTheWorkerIsUnavailable) {
   EXPECT_THAT(out.status().message(), HasSubstr("/nonexistent/libnvrtc.so.13"));
 }
 
+// Issue 26: small limits so that the faults hit them fast.
+WorkerPoolOptions LimitedOptions() {
+  WorkerPoolOptions o = TestOptions(/*max_workers=*/2);
+  o.limit_as_bytes = uint64_t{512} << 20;
+  o.limit_cpu_seconds = 1;
+  return o;
+}
+
+TEST(WorkerPoolTest, MemoryLimitFailsResourceExhaustedAndIsNotRetried) {
+  WorkerPool pool(LimitedOptions());
+  // A healthy worker first, which stays healthy and idle.
+  ASSERT_TRUE(pool.Compile(Tiny("sm_80"), In(absl::Seconds(60))).ok());
+  CompileInput hog = Tiny();
+  hog.program_name = "hog.cu";
+  hog.extra_options = {"kcache-test-alloc"};
+  absl::StatusOr<CompileOutput> out = pool.Compile(hog, In(absl::Seconds(60)));
+  EXPECT_EQ(out.status().code(), absl::StatusCode::kResourceExhausted) << out.status();
+  EXPECT_THAT(out.status().message(), HasSubstr("address-space (memory) limit"));
+  EXPECT_THAT(out.status().message(), HasSubstr("limit=address_space"));
+  EXPECT_THAT(out.status().message(), HasSubstr("'hog.cu'"));
+  EXPECT_EQ(pool.retried_compiles(), 0);
+  EXPECT_EQ(pool.limit_exceeded(WorkerPool::kAddressSpace), 1);
+  EXPECT_EQ(pool.limit_exceeded(WorkerPool::kCpuTime), 0);
+
+  absl::StatusOr<CompileOutput> next = pool.Compile(Tiny(), In(absl::Seconds(60)));
+  EXPECT_TRUE(next.ok()) << next.status();
+  EXPECT_LE(pool.live_workers(), 2);
+}
+
+TEST(WorkerPoolTest, CpuTimeLimitFailsResourceExhaustedAndIsNotRetried) {
+  WorkerPool pool(LimitedOptions());
+  CompileInput spin = Tiny();
+  spin.program_name = "spin.cu";
+  spin.extra_options = {"kcache-test-spin"};
+  const absl::Time start = absl::Now();
+  absl::StatusOr<CompileOutput> out = pool.Compile(spin, In(absl::Seconds(60)));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(20));  // the limit, not the deadline
+  EXPECT_EQ(out.status().code(), absl::StatusCode::kResourceExhausted) << out.status();
+  EXPECT_THAT(out.status().message(), HasSubstr("CPU-time limit (1 s per compile"));
+  EXPECT_THAT(out.status().message(), HasSubstr("limit=cpu_time"));
+  EXPECT_THAT(out.status().message(), HasSubstr("'spin.cu'"));
+  EXPECT_EQ(pool.retried_compiles(), 0);
+  EXPECT_EQ(pool.limit_exceeded(WorkerPool::kCpuTime), 1);
+  EXPECT_EQ(pool.live_workers(), 0);
+
+  // The budget is per compile: a worker that has compiled several times
+  // (more than 1 s of CPU in all, possibly) keeps compiling.
+  for (int i = 0; i < 4; ++i) {
+    absl::StatusOr<CompileOutput> next = pool.Compile(Tiny(i % 2 ? "sm_80" : "sm_90a"),
+                                                      In(absl::Seconds(60)));
+    EXPECT_TRUE(next.ok()) << next.status();
+  }
+  EXPECT_EQ(pool.live_workers(), 1);
+}
+
+TEST(WorkerPoolTest, DefaultLimitsLetRealCompilesThrough) {
+  WorkerPoolOptions o = TestOptions();
+  EXPECT_EQ(o.limit_as_bytes, uint64_t{4} << 30);
+  EXPECT_EQ(o.limit_cpu_seconds, 120u);
+  EXPECT_EQ(o.limit_fsize_bytes, uint64_t{256} << 20);
+  WorkerPool pool(o);
+  EXPECT_TRUE(pool.Compile(Tiny(), In(absl::Seconds(60))).ok());
+}
+
 TEST(WorkerPoolTest, PassedDeadlineFailsFast) {
   WorkerPool pool(TestOptions());
   EXPECT_EQ(pool.Compile(Tiny(), absl::InfinitePast()).status().code(),
