@@ -20,6 +20,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/cache/test_util.h"
+#include "tests/common/daemon_client.h"
 #include "tests/common/daemon_process.h"
 #include "tests/common/distinct_spec.h"
 #include "tests/common/redis_process.h"
@@ -29,23 +30,11 @@ namespace {
 
 using ::kcache::testing::DaemonProcess;
 using ::kcache::testing::DistinctSpec;
+using ::kcache::testing::NewClient;
+using ::kcache::testing::Sm80;
 using ::kcache::testing::ReadFileOrEmpty;
 using ::kcache::testing::RedisProcess;
 using ::kcache::testing::TempDir;
-
-v1::Target Sm80() {
-  v1::Target t;
-  t.set_arch("sm_80");
-  return t;
-}
-
-std::unique_ptr<Client> NewClient(const DaemonProcess& d) {
-  ClientOptions o;
-  o.target = d.target();
-  auto c = Client::Create(o);
-  EXPECT_TRUE(c.ok());
-  return *std::move(c);
-}
 
 // A node: its own directory (store, socket, log), the shared Redis.
 std::unique_ptr<DaemonProcess> Node(const TempDir& dir, const std::string& name,

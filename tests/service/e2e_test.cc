@@ -12,6 +12,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/cache/test_util.h"
+#include "tests/common/daemon_client.h"
 #include "tests/common/daemon_process.h"
 #include "tests/common/distinct_spec.h"
 
@@ -20,24 +21,12 @@ namespace {
 
 using ::kcache::testing::DaemonProcess;
 using ::kcache::testing::DistinctSpec;
+using ::kcache::testing::NewClient;
+using ::kcache::testing::Sm80;
 using ::kcache::testing::ReadFileOrEmpty;
 using ::kcache::testing::StatusIs;
 using ::kcache::testing::TempDir;
 using ::testing::HasSubstr;
-
-v1::Target Sm80() {
-  v1::Target t;
-  t.set_arch("sm_80");
-  return t;
-}
-
-std::unique_ptr<Client> NewClient(const DaemonProcess& d) {
-  ClientOptions o;
-  o.target = d.target();
-  auto c = Client::Create(o);
-  EXPECT_TRUE(c.ok());
-  return *std::move(c);
-}
 
 std::string ReadLog(const DaemonProcess& d) { return ReadFileOrEmpty(d.log_path()); }
 
