@@ -277,3 +277,43 @@ def test_no_module_raises_a_bare_builtin_error():
                         found.append("%s:%d raise %s" % (os.path.relpath(p, REPO), node.lineno,
                                                          exc.id))
     assert not found, "raise a kcache.errors class instead:\n" + "\n".join(found)
+
+
+_WARM_PROBE = """
+import sys, kcache
+from kcache import _warm
+before = "grpc" in sys.modules
+_warm.wait()
+print(before, "grpc" in sys.modules, "kcache.v1.service_pb2_grpc" in sys.modules)
+"""
+
+
+def test_import_loads_the_wire_modules_in_the_background_unless_turned_off():
+    # The first attention call needs grpc and kcache/v1; `import kcache` starts loading
+    # them on a thread (kcache._warm), and KCACHE_WARM_IMPORTS=0 leaves them to that call.
+    on = subprocess.run([sys.executable, "-c", _WARM_PROBE], capture_output=True, text=True,
+                        env=_clean_env(PYTHONPATH=PKG_SRC), timeout=120)
+    assert on.returncode == 0, on.stderr
+    assert on.stdout.split()[1:] == ["True", "True"], on.stdout
+    off = subprocess.run([sys.executable, "-c", _WARM_PROBE], capture_output=True, text=True,
+                         env=_clean_env(PYTHONPATH=PKG_SRC, KCACHE_WARM_IMPORTS="0"),
+                         timeout=120)
+    assert off.returncode == 0, off.stderr
+    assert off.stdout.split() == ["False", "False", "False"], off.stdout
+
+
+def test_import_without_grpc_still_works_and_the_call_names_what_is_missing(tmp_path):
+    # A machine without grpcio imports kcache (specs need no wire); the warm-up thread's
+    # failure is silent and the first client says what to install.
+    blocker = tmp_path / "grpc"
+    blocker.mkdir()
+    (blocker / "__init__.py").write_text("raise ImportError('No module named grpc (test)')\n")
+    probe = ("import kcache\nfrom kcache import _warm\n_warm.wait()\n"
+             "try:\n    kcache.Client('unix:/nonexistent.sock')\n"
+             "except ImportError as e:\n    print('ImportError', e)\n")
+    p = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                       env=_clean_env(PYTHONPATH=os.pathsep.join([str(tmp_path), PKG_SRC])),
+                       timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.startswith("ImportError"), p.stdout + p.stderr
+    assert "grpc" in p.stdout

@@ -34,12 +34,25 @@ def first(args):
     torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
     torch.cuda.synchronize()
     t_sdpa = time.perf_counter() - t0
+    prof = None
+    if args.profile:
+        import cProfile
+        prof = cProfile.Profile()
+        prof.enable()
     t0 = time.perf_counter()
     bm = kcache.create_block_mask(lambda b, h, q_idx, kv_idx: q_idx >= kv_idx, 1, None, 1024,
                                   1024, device=dev)
     out = kcache.flex_attention(q, k, v, block_mask=bm)
     torch.cuda.synchronize()
     t_first = time.perf_counter() - t0
+    if prof is not None:
+        # Where the first result's time goes (cProfile inflates small calls: the total
+        # above is the figure; this is the breakdown).
+        import pstats
+        prof.disable()
+        st = pstats.Stats(prof, stream=sys.stdout).sort_stats("cumulative")
+        st.print_stats(45)
+        st.sort_stats("tottime").print_stats(25)
     t0 = time.perf_counter()
     kcache.flex_attention(q, k, v, block_mask=bm)
     torch.cuda.synchronize()
@@ -113,6 +126,8 @@ def main():
     ap.add_argument("--blocks", type=int, default=64)
     ap.add_argument("--block-size", type=int, default=16)
     ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--profile", action="store_true",
+                    help="first: print a cProfile breakdown of the first result")
     args = ap.parse_args()
     {"first": first, "drafter": drafter}[args.what](args)
 

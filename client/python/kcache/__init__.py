@@ -30,7 +30,9 @@ from kcache.raw import RawModule, fetch_raw_kernel, raw_kernel  # noqa: E402
 from kcache.flex import (  # noqa: E402
     BlockMask, RecordedScoreMod, create_block_mask, flex_attention, record_score_mod)
 from kcache.prefetch import prefetch  # noqa: E402
+from kcache import _warm  # noqa: E402
 
+_warm.start()
 
 
 def __getattr__(name):

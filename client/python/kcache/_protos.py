@@ -11,6 +11,8 @@ from typing import Tuple
 
 def modules() -> Tuple[ModuleType, ModuleType, ModuleType, ModuleType]:
     """(spec_pb2, record_pb2, service_pb2, service_pb2_grpc)."""
+    from kcache import _warm
+    _warm.wait()
     try:
         from kcache.v1 import record_pb2, service_pb2, service_pb2_grpc, spec_pb2
     except ImportError as e:

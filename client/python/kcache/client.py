@@ -177,6 +177,8 @@ class Client:
         Without `target` the daemon is found by discover_target(). Before any RPC a unix:
         socket is checked (probe_target); `connect_timeout` bounds the wait for a daemon that
         refuses (restarting), separately from the compile deadline."""
+        from kcache import _warm
+        _warm.wait()
         import grpc
         if target is None:
             target = discover_target()
