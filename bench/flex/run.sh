@@ -23,7 +23,9 @@ export KCACHE_TARGET=unix:$tmp/k.sock PYTHONPATH=$PWD/client/python
 ex=client/python/examples
 echo "--- first call (warming run)"; python3 $ex/flex_bench.py first
 echo "--- first call (measured: new process, warm daemon)"; python3 $ex/flex_bench.py first
-echo "--- first call (a third new process, profiled: where the time goes)"
+echo "--- first call (new process, warm daemon, KCACHE_WARM_IMPORTS=0: the call imports grpc)"
+KCACHE_WARM_IMPORTS=0 python3 $ex/flex_bench.py first
+echo "--- first call (a new process, profiled: where the time goes)"
 python3 $ex/flex_bench.py first --profile
 echo "--- drafter mask_mod vs built-in, training shape"
 python3 $ex/flex_bench.py drafter --batch 2 --context 3072 --blocks 512 --block-size 16 --iters 20
