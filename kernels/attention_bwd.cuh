@@ -100,11 +100,8 @@ constexpr int kList = kAttnBwdMaxList;
 #endif
 constexpr bool kWg = KC_BWD_WGMMA;
 // kWg without a score modification: the step's elementwise work split around
-// the dP and dV wgmmas (KC_BWD_WG_SPLIT=0: the plain synchronous order).
-#ifndef KC_BWD_WG_SPLIT
-#define KC_BWD_WG_SPLIT 1
-#endif
-constexpr bool kWgSplit = kWg && KC_BWD_WG_SPLIT && KC_SCORE_MOD == KC_SCORE_NONE;
+// the dP and dV wgmmas; with one, the plain synchronous order.
+constexpr bool kWgSplit = kWg && KC_SCORE_MOD == KC_SCORE_NONE;
 static_assert(!kWg || (kNW == 8 && kBN == 128 && kBM == 64), "KC_BWD_WGMMA: 64 x 128 x 8w");
 
 constexpr float kScale = KC_SOFTMAX_SCALE;
@@ -404,25 +401,20 @@ __device__ __forceinline__ float score_mod(float x, const ScoreCtx& sc, int b, i
 // reductions drain while the next S and dP run (causal B4 H32 S4096 D128
 // dK/dV 6.70 -> 6.56 ms, drafter training shape 9.92 -> 9.45 ms on an H200).
 constexpr int kDsBufs = AttentionBwdDsBuffers(KC_ARCH);
-// sm_90+ (KC_BWD_FA2, default there): FlashAttention-2's warp layout. S and
+// sm_90+ (kFa2, without KC_BWD_WGMMA): FlashAttention-2's warp layout. S and
 // dP as 2 x 4 warps of 32 queries x 32 keys, P and dS through shared memory
 // ([query][key], the two dS^T buffers' space), dV and dK as 4 x 2 warps of
 // 32 keys x D/2 with A read transposed: about 15 % fewer shared-memory bytes
 // per step than 16 keys x 64 queries per warp, and each warp's dQ
 // reductions spread over dK's k loop (causal B4 H32 S4096 D128 dK/dV 5.73
 // -> 5.26 ms on an H200). sm_80 cannot hold both P and dS beside two Q/dO
-// stages at D128 (171 KB > 163 KB) and keeps the 16-keys-per-warp layout;
-// KC_BWD_FA2=0 selects that layout on sm_90 too (for comparisons).
-#ifndef KC_BWD_FA2
-#define KC_BWD_FA2 (KC_ARCH >= 90 && !KC_BWD_WGMMA)
-#endif
-constexpr bool kFa2 = KC_BWD_FA2;
-static_assert(!kFa2 || (kDsBufs == 2 && kNW == 8 && kBN == 128), "KC_BWD_FA2: sm_90+, 64 x 128 x 8w");
-static_assert(!(kFa2 && kWg), "KC_BWD_FA2 and KC_BWD_WGMMA exclude each other");
+// stages at D128 (171 KB > 163 KB) and keeps the 16-keys-per-warp layout.
+constexpr bool kFa2 = KC_ARCH >= 90 && !KC_BWD_WGMMA;
+static_assert(!kFa2 || (kDsBufs == 2 && kNW == 8 && kBN == 128), "kFa2: sm_90+, 64 x 128 x 8w");
+static_assert(!(kFa2 && kWg), "kFa2 and KC_BWD_WGMMA exclude each other");
 constexpr bool kDqLag = kDsBufs == 2 && !kFa2 && !kWg;
-#ifndef KC_BWD_HEAD_CHUNK
-#define KC_BWD_HEAD_CHUNK 4
-#endif
+// (batch, head) pairs per chunk of the launch order (launch_order).
+constexpr int kHeadChunk = 4;
 __device__ __forceinline__ void launch_order(int& tile, int& y, int& z, int chunk_pairs) {
   const int nt = gridDim.x, ny = gridDim.y, nyz = gridDim.y * gridDim.z;
   const int lin = blockIdx.x + nt * (blockIdx.y + ny * blockIdx.z);
@@ -760,7 +752,7 @@ extern "C" __global__ void __launch_bounds__(KC_BWD_NUM_WARPS * 32, 256 / (KC_BW
   // masks, and the drafter's context) start first within each chunk.
   int ktile, hkv, b;
   launch_order(ktile, hkv, b,
-               p.num_q_heads != p.num_kv_heads ? 0x7fffffff : KC_BWD_HEAD_CHUNK);
+               p.num_q_heads != p.num_kv_heads ? 0x7fffffff : kHeadChunk);
   const int n0 = ktile * kBN;
   const int q_len = p.q_len;
   const int kv_len = p.kv_len;
@@ -1522,7 +1514,7 @@ extern "C" __global__ void __launch_bounds__(KC_BWD_NUM_WARPS * 32, 256 / (KC_BW
   // Heavy query tiles (the last ones under causal masks) first within each
   // chunk of the launch order.
   int qt, h, b;
-  launch_order(qt, h, b, KC_BWD_HEAD_CHUNK);
+  launch_order(qt, h, b, kHeadChunk);
   qt = gridDim.x - 1 - qt;
   const int m0 = qt * kDqRows;
   const int q_len = p.q_len;

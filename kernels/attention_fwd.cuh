@@ -118,13 +118,9 @@ constexpr bool kWgmma = false;
 // sm_90a with two warpgroups and 2 stages: the warpgroups take turns on the
 // tensor cores (FlashAttention-3's ping-pong), one's softmax under the
 // other's wgmma; loads complete on mbarriers instead of CTA barriers.
-#ifndef KC_SM90A_PINGPONG
-#define KC_SM90A_PINGPONG 1
-#endif
 // Head dim 64 runs a little slower ping-ponged (285 against 293 TFLOP/s,
 // causal B8 H32 S2048 on an H200; kernels/NOTES.md): its GEMMs are too short.
-constexpr bool kPingpong =
-    kWgmma && KC_SM90A_PINGPONG && kNW == 8 && kStages == 2 && kDQK >= 128;
+constexpr bool kPingpong = kWgmma && kNW == 8 && kStages == 2 && kDQK >= 128;
 // sm_90a with 3+ stages: softmax overlaps the previous tile's P V wgmma.
 constexpr bool kOverlap = kWgmma && !kPingpong && kStages >= 3;
 // Tiles in flight ahead of the one computed.
@@ -144,11 +140,6 @@ constexpr bool kListMask =
 // load) and takes the blocks of ranks [mtile * kBM / block, ...); rows keep
 // their order within a block. Only when a block divides the tile. Keys
 // already in order (sorted anchors) skip the sort: one barrier, not ~45.
-// KC_DRAFTER_SORT: 0 never, 1 when worth it and not already in order
-// (default), 2 whenever possible, even in order (tests).
-#ifndef KC_DRAFTER_SORT
-#define KC_DRAFTER_SORT 1
-#endif
 __host__ __device__ constexpr int pow2_floor(int x) {
   int r = 1;
   while (r * 2 <= x) r *= 2;
@@ -156,7 +147,7 @@ __host__ __device__ constexpr int pow2_floor(int x) {
 }
 // Score modifications that read the query index (ALiBi, expressions) keep
 // the identity order: the permuted index would cost registers in the loop.
-constexpr bool kDrafterSort = KC_MASK == KC_MASK_DRAFTER && KC_DRAFTER_SORT != 0 &&
+constexpr bool kDrafterSort = KC_MASK == KC_MASK_DRAFTER &&
                               KC_DRAFTER_BLOCK <= kBM && kBM % KC_DRAFTER_BLOCK == 0 &&
                               (KC_SCORE_MOD == KC_SCORE_NONE || KC_SCORE_MOD == KC_SCORE_SOFTCAP);
 // 64-bit keys in the K/V stages: at least 2048 (d64, block_n 32, 2 stages).
@@ -468,7 +459,7 @@ extern "C" __global__ void __launch_bounds__(KC_NUM_WARPS * 32)
       // The sort costs ~log2(n)^2 / 2 barriers and n log2(n)^2 / 4 compares per CTA;
       // it pays when the context spans several key tiles (a guess, not tuned).
       permute = q_len == nb * KC_DRAFTER_BLOCK && nb > kBlocksPerTile && np2 <= kSortCap &&
-                (KC_DRAFTER_SORT == 2 || (ctx >= 2 * kBN && ctx >= np2));
+                ctx >= 2 * kBN && ctx >= np2;
       if (permute) {
         const kc_i32* anc = p.drafter_anchor + b * p.drafter_stride_b;
         const kc_i8* kp = p.drafter_keep == nullptr ? nullptr : p.drafter_keep + b * p.drafter_stride_b;
@@ -484,7 +475,7 @@ extern "C" __global__ void __launch_bounds__(KC_NUM_WARPS * 32)
             key = (static_cast<unsigned long long>(a) << 32) | static_cast<unsigned>(i);
             // The key's low half is the block index, so the keys are in order
             // iff every adjacent pair of sort anchors is.
-            if (KC_DRAFTER_SORT != 2 && i + 1 < nb && a > sort_anchor(i + 1)) unordered = true;
+            if (i + 1 < nb && a > sort_anchor(i + 1)) unordered = true;
           }
           skeys[i] = key;
         }
@@ -492,13 +483,9 @@ extern "C" __global__ void __launch_bounds__(KC_NUM_WARPS * 32)
         // identity, i.e. the unpermuted path, so take that and skip the
         // ~log2(n)^2 / 2 barriers. The test is exact (distinct keys), and a
         // wrong answer would only pick the other of two correct orders.
-        // 2 (tests) always permutes. permute is uniform over the CTA before
-        // and after (__syncthreads_or gives every thread the same result).
-        if (KC_DRAFTER_SORT == 2) {
-          __syncthreads();
-        } else {
-          permute = __syncthreads_or(unordered) != 0;
-        }
+        // permute is uniform over the CTA before and after
+        // (__syncthreads_or gives every thread the same result).
+        permute = __syncthreads_or(unordered) != 0;
       }
       if (permute) {
         for (int k = 2; k <= np2; k <<= 1) {
@@ -1291,11 +1278,86 @@ namespace attn_fwd {
 //
 // Cost (issue 28): a mask that does not read h (b) is classified for
 // h = 0 (b = 0) only and every reader takes that row (KC_EXPR_MASK_READS_*;
-// the other CTAs return at once). Each warp takes one key tile at a time:
-// the generated interval evaluation kc_expr_mask_tile settles most tiles
-// (empty or full) in one evaluation over the whole tile; only tiles it
-// cannot settle evaluate kc_expr_mask per element, 32 at a time, and stop
-// as soon as the tile is seen to be partial.
+// the other CTAs return at once). Each warp takes one key tile at a time
+// (classify_expr_tile).
+constexpr int kClassifySub = 8;  // sub-block side of the second interval pass
+
+// One tile, by one warp; returns its class. The generated interval evaluation
+// kc_expr_mask_tile settles most tiles (empty or full) in one evaluation over
+// the whole tile. A tile it cannot settle is cut into kClassifySub-square
+// sub-blocks, 32 interval evaluations at a time: over fewer rows and keys the
+// intervals are tight (a `%` whose range does not wrap, a comparison near
+// the diagonal), so most sub-blocks settle, and one settled empty with one
+// settled full already make the tile partial. Only sub-blocks still unsettled
+// evaluate kc_expr_mask per element, two elements a lane, until the tile is
+// seen to be partial. Before this pass a partial tile was scanned element by
+// element from its first row: 87 us for the 48x48 neighbourhood mask's 324
+// tiles (H200, 2026-12-02), most of it in tiles whose first rows see nothing.
+template <int BM, int BN>
+__device__ __forceinline__ int classify_expr_tile(const AttentionParams& p, int b, int h, int m0,
+                                                  int m1, int n0, int n1, int lane) {
+#if KC_EXPR_MASK_TILE
+  const int c = kc_expr_mask_tile(b, h, m0, m1, n0, n1, p);
+  if (c != 1) return c;
+  constexpr int kSub = kClassifySub;
+  constexpr int kChunks = ((BM + kSub - 1) / kSub * ((BN + kSub - 1) / kSub) + 31) / 32;
+  const int sr = (m1 - m0 + kSub) / kSub, sc = (n1 - n0 + kSub) / kSub;
+  const int ns = sr * sc;
+  bool seen_t = false, seen_f = false;
+  unsigned open[kChunks];  // per chunk of 32 sub-blocks: the unsettled ones
+#pragma unroll
+  for (int k = 0; k < kChunks; ++k) {
+    const int s = k * 32 + lane;
+    int sc_ = 0;
+    bool live = s < ns;
+    if (live) {
+      const int r0 = m0 + (s / sc) * kSub, c0 = n0 + (s % sc) * kSub;
+      sc_ = kc_expr_mask_tile(b, h, r0, imin(r0 + kSub - 1, m1), c0, imin(c0 + kSub - 1, n1),
+                              p);
+    }
+    seen_t = seen_t || __any_sync(0xffffffffu, live && sc_ == 2);
+    seen_f = seen_f || __any_sync(0xffffffffu, live && sc_ == 0);
+    open[k] = __ballot_sync(0xffffffffu, live && sc_ == 1);
+  }
+  if (seen_t && seen_f) return 1;
+#pragma unroll
+  for (int k = 0; k < kChunks; ++k) {
+    unsigned m = open[k];
+    while (m != 0u) {  // warp-uniform: every lane holds the same ballot
+      const int s = k * 32 + __ffs(m) - 1;
+      m &= m - 1u;
+      const int r0 = m0 + (s / sc) * kSub, c0 = n0 + (s % sc) * kSub;
+#pragma unroll
+      for (int half = 0; half < kSub * kSub / 32; ++half) {
+        const int e = half * 32 + lane;
+        const int q = r0 + e / kSub, kv = c0 + e % kSub;
+        const bool in = q <= m1 && kv <= n1;
+        const bool v = in && kc_expr_mask(b, h, q, kv, p);
+        seen_t = seen_t || __any_sync(0xffffffffu, v);
+        seen_f = seen_f || __any_sync(0xffffffffu, in && !v);
+      }
+      if (seen_t && seen_f) return 1;
+    }
+  }
+  return seen_t ? (seen_f ? 1 : 2) : 0;
+#else
+  // No interval evaluation generated for this mask: every element, 32 at a
+  // time, stopping once the tile is seen to be partial.
+  const int cols = n1 - n0 + 1;
+  const int n = (m1 - m0 + 1) * cols;
+  bool any = false, all = true;
+  for (int e0 = 0; e0 < n; e0 += 32) {
+    const int e = e0 + lane;
+    const bool in = e < n;
+    const bool v = in && kc_expr_mask(b, h, m0 + e / cols, n0 + e % cols, p);
+    any = any || __any_sync(0xffffffffu, v);
+    all = all && __all_sync(0xffffffffu, !in || v);
+    if (any && !all) break;  // warp-uniform
+  }
+  return any ? (all ? 2 : 1) : 0;
+#endif
+}
+
 template <int BM, int BN>
 __device__ __forceinline__ void classify_expr_tiles(const AttentionParams& p) {
   const int mtile = blockIdx.x;
@@ -1311,26 +1373,8 @@ __device__ __forceinline__ void classify_expr_tiles(const AttentionParams& p) {
   const int lane = static_cast<int>(threadIdx.x) & 31;
   for (int t = warp; t < n_kv_tiles; t += 4) {
     const int n0 = t * BN;
-    const int n1 = imin(n0 + BN, p.kv_len) - 1;
-#if KC_EXPR_MASK_TILE
-    int c = kc_expr_mask_tile(b, h, m0, m1, n0, n1, p);
-#else
-    int c = 1;
-#endif
-    if (c == 1) {
-      const int cols = n1 - n0 + 1;
-      const int n = (m1 - m0 + 1) * cols;
-      bool any = false, all = true;
-      for (int e0 = 0; e0 < n; e0 += 32) {
-        const int e = e0 + lane;
-        const bool in = e < n;
-        const bool v = in && kc_expr_mask(b, h, m0 + e / cols, n0 + e % cols, p);
-        any = any || __any_sync(0xffffffffu, v);
-        all = all && __all_sync(0xffffffffu, !in || v);
-        if (any && !all) break;  // warp-uniform
-      }
-      c = any ? (all ? 2 : 1) : 0;
-    }
+    const int c = classify_expr_tile<BM, BN>(p, b, h, m0, m1, n0, imin(n0 + BN, p.kv_len) - 1,
+                                             lane);
     if (lane == 0) row[t] = static_cast<kc_i8>(c);
   }
 }

@@ -92,14 +92,12 @@ def tile_variants(d):
     """(tag, tiles, sm90a, extra defines) to time. "sm90" and "sm90a" are the
     defaults SelectAttentionTiles gives for plain sm_90 (portable mma.sync
     path) and sm_90a (wgmma); the others are alternatives kept for the notes."""
-    nopp = (("KC_SM90A_PINGPONG", "0"),)
     out = [("sm90", K.select_tiles(90, d, d), False, ()),
            ("sm90a", K.select_tiles(90, d, d, True), True, ())]
     if d == 64:
         out += [("alt_128_128_8_2_sm90a", (128, 128, 8, 2), True, ())]
     else:
-        out += [("alt_128_128_8_2_sm90a_nopp", (128, 128, 8, 2), True, nopp),
-                ("alt_128_64_8_2_sm90a", (128, 64, 8, 2), True, ()),
+        out += [("alt_128_64_8_2_sm90a", (128, 64, 8, 2), True, ()),
                 ("alt_128_128_8_2_sm90", (128, 128, 8, 2), False, ())]
     return out
 

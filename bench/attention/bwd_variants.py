@@ -8,8 +8,11 @@ backward sequence timed (median of CUDA events), each backward kernel timed alon
 dK/dV kernel's registers and spills, and its gradients' rel L2 against flex's (NaN-poisoned
 outputs first). Variants are sets of extra defines (kernels/attention_bwd.cuh's KC_BWD_*):
 
-  VARIANTS="fa2:;b6:KC_BWD_FA2=0" python3 bench/attention/bwd_variants.py causal drafter_sorted
   SM90A=1 VARIANTS="wg:;fa2:KC_BWD_WGMMA=0" python3 bench/attention/bwd_variants.py none causal
+
+(The measurement switches KC_BWD_FA2, KC_BWD_WG_SPLIT and KC_BWD_HEAD_CHUNK left the
+kernel once measured, issue 28; kernels/NOTES.md keeps what they showed. A new variant
+is a new define in the kernel while it is being measured.)
 
 FLEX=0 skips flex (times only). Cubins for every (case, variant) compile in parallel
 first (NVRTC, into .devcarry/cubins like the other kernel tools).

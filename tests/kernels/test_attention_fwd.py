@@ -79,9 +79,8 @@ def variants():
         out.append(("bf16_d128_%s_sm90a_t64_64_4_2" % mname,
                     K.make_spec("bf16", 128, tiles=(64, 64, 4, 2), sm90a=True,
                                 **dict(masks)[mname])))
-        out.append(("fp16_d128_%s_sm90a_nopingpong" % mname,
+        out.append(("fp16_d128_%s_sm90a_t128_128_8_2" % mname,
                     K.make_spec("fp16", 128, tiles=(128, 128, 8, 2), sm90a=True,
-                                extra_defines=(("KC_SM90A_PINGPONG", "0"),),
                                 **dict(masks)[mname])))
     out.append(("bf16_d128_drafter_softcap_sm90a_t128_64_8_3",
                 K.make_spec("bf16", 128, mask="drafter", score="softcap", softcap=20.0,
