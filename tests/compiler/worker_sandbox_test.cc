@@ -6,10 +6,13 @@
 // Where the platform refuses unprivileged user namespaces the tests skip,
 // naming the reason the worker gave.
 #include <grp.h>
+#include <sched.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <string>
 
 #include "absl/strings/match.h"
@@ -102,6 +105,58 @@ TEST(WorkerSandboxTest, UnprivilegedWorkerDropsTheNetworkToo) {
   SKIP_IF_KEPT(text);
   EXPECT_THAT(text, StartsWith(kDropped));
   EXPECT_THAT(text, HasSubstr(kNoNetwork));
+}
+
+// Where the platform refuses the drop, a worker says why and compiles all
+// the same. The refusal is made here: in a user namespace of the test's own,
+// whose max_user_namespaces is 0, unshare(CLONE_NEWUSER) fails (ENOSPC).
+TEST(WorkerSandboxTest, RefusedDropIsReportedAndTheWorkerStillCompiles) {
+  int out[2];
+  ASSERT_EQ(pipe(out), 0);
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    close(out[0]);
+    auto say = [&](const std::string& text, int code) {
+      (void)!write(out[1], text.data(), text.size());
+      _exit(code);
+    };
+    const uid_t uid = getuid();
+    const gid_t gid = getgid();
+    if (unshare(CLONE_NEWUSER) != 0) say("SKIP unshare: " + std::string(strerror(errno)), 0);
+    auto put = [&](const char* path, const std::string& text) {
+      std::FILE* f = std::fopen(path, "w");
+      if (f == nullptr || std::fputs(text.c_str(), f) < 0 || std::fclose(f) != 0) {
+        say(std::string("SKIP cannot write ") + path + ": " + strerror(errno), 0);
+      }
+    };
+    put("/proc/self/uid_map", "0 " + std::to_string(uid) + " 1\n");
+    put("/proc/self/setgroups", "deny\n");
+    put("/proc/self/gid_map", "0 " + std::to_string(gid) + " 1\n");
+    put("/proc/sys/user/max_user_namespaces", "0\n");
+    WorkerPool pool(Options());
+    absl::StatusOr<std::string> report = pool.Probe();
+    if (!report.ok()) say("probe: " + report.status().ToString(), 1);
+    CompileInput tiny;
+    tiny.source = testing::TinyKernelSource();
+    tiny.program_name = "tiny.cu";
+    tiny.arch = "sm_80";
+    absl::StatusOr<CompileOutput> compiled = pool.Compile(tiny, absl::Now() + absl::Seconds(60));
+    if (!compiled.ok()) say(*report + "\ncompile: " + compiled.status().ToString(), 1);
+    say(*report, 0);
+  }
+  close(out[1]);
+  std::string text;
+  char buf[512];
+  ssize_t n;
+  while ((n = read(out[0], buf, sizeof(buf))) > 0) text.append(buf, static_cast<size_t>(n));
+  close(out[0]);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+      << "wait status " << status << ": " << text;
+  if (absl::StartsWith(text, "SKIP ")) GTEST_SKIP() << "cannot make the refusal here: " << text;
+  EXPECT_THAT(text, StartsWith("network kept (unshare(CLONE_NEWUSER|CLONE_NEWNET): "));
 }
 
 TEST(WorkerSandboxTest, KeepNetworkAndProbeArgumentsParse) {
