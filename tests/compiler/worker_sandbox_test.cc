@@ -134,16 +134,23 @@ TEST(WorkerSandboxTest, RefusedDropIsReportedAndTheWorkerStillCompiles) {
     put("/proc/self/setgroups", "deny\n");
     put("/proc/self/gid_map", "0 " + std::to_string(gid) + " 1\n");
     put("/proc/sys/user/max_user_namespaces", "0\n");
-    WorkerPool pool(Options());
-    absl::StatusOr<std::string> report = pool.Probe();
-    if (!report.ok()) say("probe: " + report.status().ToString(), 1);
-    CompileInput tiny;
-    tiny.source = testing::TinyKernelSource();
-    tiny.program_name = "tiny.cu";
-    tiny.arch = "sm_80";
-    absl::StatusOr<CompileOutput> compiled = pool.Compile(tiny, absl::Now() + absl::Seconds(60));
-    if (!compiled.ok()) say(*report + "\ncompile: " + compiled.status().ToString(), 1);
-    say(*report, 0);
+    std::string text;
+    int code = 0;
+    {
+      WorkerPool pool(Options());  // its destructor reaps the worker
+      absl::StatusOr<std::string> report = pool.Probe();
+      text = report.ok() ? *report : "probe: " + report.status().ToString();
+      CompileInput tiny;
+      tiny.source = testing::TinyKernelSource();
+      tiny.program_name = "tiny.cu";
+      tiny.arch = "sm_80";
+      absl::StatusOr<CompileOutput> compiled = pool.Compile(tiny, absl::Now() + absl::Seconds(60));
+      if (!report.ok() || !compiled.ok()) {
+        code = 1;
+        text += "\ncompile: " + compiled.status().ToString();
+      }
+    }
+    say(text, code);
   }
   close(out[1]);
   std::string text;
