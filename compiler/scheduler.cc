@@ -12,6 +12,7 @@
 #include <deque>
 #include <string_view>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "compiler/compile.h"
 
@@ -129,6 +130,14 @@ namespace {
 bool DefaultMemoize(const absl::Status& s) {
   return absl::IsFailedPrecondition(s) || absl::IsInvalidArgument(s) ||
          IsCompileLimitExceeded(s);
+}
+// A compile that hit a worker's resource limit names its key (the store
+// key's hex, as `kcache show` takes it) before the worker pool's message, so
+// that an operator can find the kernel from any waiter's error or the memo.
+absl::Status NameKeyOfLimitError(const absl::Status& s, const std::string& key) {
+  if (!IsCompileLimitExceeded(s)) return s;
+  return absl::Status(s.code(),
+                      absl::StrCat("key ", absl::BytesToHexString(key), ": ", s.message()));
 }
 absl::Status CancelledWait() { return absl::CancelledError("wait for compile cancelled"); }
 // A waiter's deadline passed before its job finished.
@@ -570,6 +579,7 @@ void Scheduler::WorkerLoop() {
     if (result.ok() && *result == nullptr) {
       result = absl::InternalError("compile job returned OK without a kernel");
     }
+    if (!result.ok()) result = NameKeyOfLimitError(result.status(), job->key);
 
     {
       absl::MutexLock l(&mu_);

@@ -84,9 +84,11 @@ using ReportFn = std::function<void(Phase)>;
 // if it returns an error (a compile error: FailedPrecondition with the log),
 // the error may be remembered for Options::error_ttl (see
 // Options::memoize_error). Returning OK with a null pointer is reported as
-// Internal. Once started, a job always runs to completion, even when every
-// waiter has gone: it must bound its own running time (compiles run in worker
-// processes that are killed at their deadline).
+// Internal. An error that says the compile hit a worker's resource limit
+// (IsCompileLimitExceeded) gets "key <hex of Request::key>: " put before its
+// message, for every waiter and the memo. Once started, a job always runs to
+// completion, even when every waiter has gone: it must bound its own running
+// time (compiles run in worker processes that are killed at their deadline).
 using JobFn = std::function<CompileResult(const ReportFn& report)>;
 
 struct Request {

@@ -3,11 +3,17 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <linux/capability.h>
+#include <net/if.h>
+#include <netinet/in.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdlib.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -18,8 +24,9 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
-#include "absl/strings/strip.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
 #include "compiler/nvjitlink.h"
 #include "compiler/nvrtc.h"
 
@@ -218,16 +225,134 @@ void ArmCpuLimit(uint64_t budget_seconds) {
   SetLimit(RLIMIT_CPU, used + budget_seconds, "RLIMIT_CPU");
 }
 
+void AllocateUntilItFails() {
+  std::fprintf(stderr, "kcache-compile-worker: test fault: allocating until it fails\n");
+  std::fflush(stderr);
+  std::vector<char*> blocks;
+  for (int i = 0; i < 1024; ++i) {  // 64 MiB at a time, up to 64 GiB
+    char* b = new char[size_t{64} << 20];
+    b[0] = 1;  // address space is what is limited; touch one page only
+    blocks.push_back(b);
+  }
+  for (char* b : blocks) delete[] b;
+}
+
+[[noreturn]] void SpinForever() {
+  std::fprintf(stderr, "kcache-compile-worker: test fault: spinning\n");
+  std::fflush(stderr);
+  for (volatile uint64_t n = 0;; n = n + 1) {
+  }
+}
+
+absl::Status ErrnoStatus(const char* what) {
+  return absl::PermissionDeniedError(absl::StrCat(what, ": ", strerror(errno)));
+}
+
+// Writes `text` to /proc/self/`file` (uid_map, setgroups, gid_map).
+absl::Status WriteProcSelf(const char* file, const std::string& text) {
+  const std::string path = absl::StrCat("/proc/self/", file);
+  const int fd = open(path.c_str(), O_WRONLY | O_CLOEXEC);
+  if (fd < 0) return ErrnoStatus(path.c_str());
+  const bool ok = write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
+  const int saved = errno;
+  close(fd);
+  errno = saved;
+  return ok ? absl::OkStatus() : ErrnoStatus(path.c_str());
+}
+
 }  // namespace
 
-int Serve(const ServeOptions& options) {
-  // Limits first, before NVRTC or LLVM allocate anything.
+absl::Status DropNetwork() {
+  const uid_t uid = geteuid();
+  const gid_t gid = getegid();
+  // A user namespace of our own is what lets an unprivileged process create
+  // a network namespace; the new network namespace has only a loopback
+  // interface, which is down.
+  if (unshare(CLONE_NEWUSER | CLONE_NEWNET) != 0) {
+    return ErrnoStatus("unshare(CLONE_NEWUSER|CLONE_NEWNET)");
+  }
+  // From here the network is gone whatever else fails. Map our ids to
+  // themselves so that files keep their owners as seen from here.
+  absl::Status ids = WriteProcSelf("uid_map", absl::StrCat(uid, " ", uid, " 1\n"));
+  if (ids.ok()) ids = WriteProcSelf("setgroups", "deny\n");
+  if (ids.ok()) ids = WriteProcSelf("gid_map", absl::StrCat(gid, " ", gid, " 1\n"));
+  // The new user namespace gave this process every capability inside it:
+  // give them back, and never gain any again (no set-uid, no file caps).
+  // (Failures here are warnings: the network is gone either way.)
+  __user_cap_header_struct header{_LINUX_CAPABILITY_VERSION_3, 0};
+  __user_cap_data_struct data[_LINUX_CAPABILITY_U32S_3] = {};
+  absl::Status caps =
+      syscall(SYS_capset, &header, data) == 0 ? absl::OkStatus() : ErrnoStatus("capset");
+  if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 && caps.ok()) {
+    caps = ErrnoStatus("PR_SET_NO_NEW_PRIVS");
+  }
+  for (const absl::Status& s : {ids, caps}) {
+    if (!s.ok()) {
+      std::fprintf(stderr, "kcache-compile-worker: in the new user namespace: %s\n",
+                   std::string(s.message()).c_str());
+    }
+  }
+  return absl::OkStatus();
+}
+
+static std::string DescribeNetwork() {
+  std::vector<std::string> names;
+  if (struct if_nameindex* ifs = if_nameindex(); ifs != nullptr) {
+    for (struct if_nameindex* i = ifs; i->if_index != 0; ++i) names.emplace_back(i->if_name);
+    if_freenameindex(ifs);
+  }
+  // A UDP connect sends nothing: it only asks the kernel for a route.
+  // 192.0.2.1 is TEST-NET-1 (RFC 5737), never a real host.
+  std::string reach;
+  const int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) {
+    reach = absl::StrCat("socket: ", strerror(errno));
+  } else {
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(9);
+    a.sin_addr.s_addr = htonl(0xC0000201);
+    reach = connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0
+                ? std::string("routed")
+                : std::string(strerror(errno));
+    close(fd);
+  }
+  return absl::StrCat("interfaces ",
+                      names.empty() ? std::string("none") : absl::StrJoin(names, ","),
+                      "; connect 192.0.2.1: ", reach);
+}
+
+std::string DescribeSandbox(const SandboxReport& r) {
+  return absl::StrCat("network ",
+                      r.network.ok() ? "dropped (own user and network namespace)"
+                                     : absl::StrCat("kept (", r.network.message(), ")"),
+                      "; ", DescribeNetwork());
+}
+
+static SandboxReport ApplySandbox(const ServeOptions& options) {
+  SandboxReport r;
+  // The namespaces first: unshare(CLONE_NEWUSER) needs a single-threaded
+  // process, and nothing has started a thread yet.
+  r.network = options.drop_network ? DropNetwork() : absl::CancelledError("--keep-network");
+  // Limits before NVRTC or LLVM allocate anything.
   SetLimit(RLIMIT_CORE, 0, "RLIMIT_CORE");
   if (options.limit_as_bytes > 0) SetLimit(RLIMIT_AS, options.limit_as_bytes, "RLIMIT_AS");
   if (options.limit_fsize_bytes > 0) {
     SetLimit(RLIMIT_FSIZE, options.limit_fsize_bytes, "RLIMIT_FSIZE");
   }
   std::set_new_handler(&OutOfMemory);
+  return r;
+}
+
+int Serve(const ServeOptions& options) {
+  const SandboxReport sandbox = ApplySandbox(options);
+  if (options.probe) {
+    // kcached's start-up check (WorkerPool::Probe): the same protections as a
+    // serving worker, described on one line, then exit.
+    std::printf("%s\n", DescribeSandbox(sandbox).c_str());
+    std::fflush(stdout);
+    return 0;
+  }
   // Die with the daemon even when stuck inside NVRTC: the daemon's end of the
   // socket closes when it exits, which this thread sees as POLLRDHUP/POLLHUP
   // without consuming requests. (PR_SET_PDEATHSIG would fire when the
@@ -257,6 +382,15 @@ int Serve(const ServeOptions& options) {
     absl::Time deadline;
     CompileInput input = FromRequest(request, &deadline);
     ArmCpuLimit(options.limit_cpu_seconds);
+    bool answered = false;  // by a test fault
+    if (options.enable_raw_test_faults && input.raw.has_value()) {
+      // The same two limit faults for raw kernels so named, which a test can
+      // send through kcached (KCACHE_TEST_RAW_FAULTS=1; see worker.h).
+      for (const std::string& n : input.raw->kernel_names) {
+        if (n == "kcache_test_alloc") AllocateUntilItFails();
+        if (n == "kcache_test_spin") SpinForever();
+      }
+    }
     if (options.enable_test_faults) {
       for (auto it = input.extra_options.begin(); it != input.extra_options.end();) {
         const std::string& o = *it;
@@ -266,23 +400,20 @@ int Serve(const ServeOptions& options) {
           abort();
         }
         if (o == "kcache-test-alloc") {
-          std::fprintf(stderr, "kcache-compile-worker: test fault: allocating until it fails\n");
-          std::fflush(stderr);
-          std::vector<char*> blocks;
-          for (int i = 0; i < 1024; ++i) {  // 64 MiB at a time, up to 64 GiB
-            char* b = new char[size_t{64} << 20];
-            b[0] = 1;  // address space is what is limited; touch one page only
-            blocks.push_back(b);
-          }
-          for (char* b : blocks) delete[] b;
+          AllocateUntilItFails();
           it = input.extra_options.erase(it);
           continue;
         }
-        if (o == "kcache-test-spin") {
-          std::fprintf(stderr, "kcache-compile-worker: test fault: spinning\n");
-          std::fflush(stderr);
-          for (volatile uint64_t n = 0;; n = n + 1) {
-          }
+        if (o == "kcache-test-spin") SpinForever();
+        if (o == "kcache-test-sandbox") {
+          // Answers with the protections this serving worker runs under.
+          const CompileResponse response =
+              ToResponse(absl::FailedPreconditionError(DescribeSandbox(sandbox)));
+          std::string bytes;
+          if (!response.SerializeToString(&bytes)) return 1;
+          if (!WriteFrame(options.fd, bytes).ok()) return 1;
+          answered = true;
+          break;
         }
         if (o == "kcache-test-hang") {
           std::fprintf(stderr, "kcache-compile-worker: test fault: hanging\n");
@@ -306,6 +437,7 @@ int Serve(const ServeOptions& options) {
         ++it;
       }
     }
+    if (answered) continue;
     // LLVM and nvJitLink have no cancellation: the pool kills this process
     // at the deadline instead.
     absl::StatusOr<CompileOutput> result = input.raw.has_value()
@@ -350,6 +482,10 @@ absl::StatusOr<ServeOptions> ParseWorkerArgs(int argc, char** argv) {
       if (!absl::SimpleAtoi(a, &o.limit_fsize_bytes)) {
         return absl::InvalidArgumentError(absl::StrCat("--limit-fsize: not a number: ", argv[i]));
       }
+    } else if (a == "--probe") {
+      o.probe = true;
+    } else if (a == "--keep-network") {
+      o.drop_network = false;
     } else if (a == "--enable-test-faults") {
       o.enable_test_faults = true;
       o.enable_raw_test_faults = true;

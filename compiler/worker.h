@@ -51,14 +51,23 @@ struct ServeOptions {
   // (abort() if PATH does not exist yet, creating it; otherwise compile
   // without the option), "kcache-test-alloc" (allocate until an allocation
   // fails; with no address-space limit, give up after 64 GiB and answer
-  // Internal) and "kcache-test-spin" (burn CPU forever). Off in production: then they reach NVRTC, which
-  // rejects them as unknown options.
+  // Internal), "kcache-test-spin" (burn CPU forever) and
+  // "kcache-test-sandbox" (answer FailedPrecondition with DescribeSandbox's
+  // line instead of compiling). Off in production: then they reach NVRTC,
+  // which rejects them as unknown options.
   bool enable_test_faults = false;
   // Tests only: raw kernels named "kcache_test_llvm_fatal" make LLVM abort
-  // (IrToPtxOptions::enable_test_faults). Set by --enable-test-faults or by
+  // (IrToPtxOptions::enable_test_faults); a raw kernel named
+  // "kcache_test_alloc" or "kcache_test_spin" runs the fault of the same
+  // name above before compiling. Set by --enable-test-faults or by
   // KCACHE_TEST_RAW_FAULTS=1 in the environment (which the daemon's workers
   // inherit, so an end-to-end test can reach it through kcached).
   bool enable_raw_test_faults = false;
+  // Drop network access at start (DropNetwork); off only with --keep-network.
+  bool drop_network = true;
+  // --probe: apply the protections, print DescribeSandbox's line on stdout
+  // and exit 0 (kcached's start-up check, WorkerPool::Probe).
+  bool probe = false;
   // Resource limits, set by the worker on itself (posix_spawn cannot):
   // RLIMIT_AS and RLIMIT_FSIZE at start, RLIMIT_CORE always 0, and before
   // each compile the soft RLIMIT_CPU to (CPU used so far + cpu_seconds),
@@ -68,13 +77,39 @@ struct ServeOptions {
   uint64_t limit_fsize_bytes = 0;
 };
 
-// Serves compile requests on `options.fd` until the pool closes it. Returns
-// the process exit code: 0 on a clean close, 1 on a protocol error.
+// Drops this process's network access where an unprivileged process can:
+// unshare(CLONE_NEWUSER | CLONE_NEWNET) (a user namespace of its own, with
+// its uid and gid mapped to themselves, and a network namespace with only a
+// loopback interface, down), then gives up the capabilities the new user
+// namespace granted and sets no_new_privs (a failure of those two steps is
+// a warning on stderr: the network is gone anyway). The process must be
+// single-threaded. PermissionDenied naming the call when the platform
+// refuses (user namespaces off, or forbidden, as systemd's
+// RestrictNamespaces= and SystemCallFilter= do in docker/kcached.service, or
+// Docker's default seccomp profile); then nothing was changed.
+absl::Status DropNetwork();
+
+// What a worker applied at start (for --probe and the sandbox test fault).
+struct SandboxReport {
+  absl::Status network;  // DropNetwork's answer
+};
+
+// One line: "network dropped (...)" or "network kept (<why>)", then what
+// the process sees: "; interfaces lo; connect 192.0.2.1: Network is
+// unreachable" (a UDP connect, which sends nothing).
+std::string DescribeSandbox(const SandboxReport& report);
+
+// Applies the protections (DropNetwork unless options.drop_network is off,
+// then the resource limits), then serves compile requests on `options.fd`
+// until the pool closes it (or, with options.probe, prints the protections
+// and returns). Returns the process exit code: 0 on a clean close, 1 on a
+// protocol error.
 int Serve(const ServeOptions& options);
 
 // Parses kcache-compile-worker's arguments: --fd=N, --nvrtc=PATH,
 // --nvjitlink=PATH, --enable-test-faults, --limit-as=BYTES,
-// --limit-cpu=SECONDS, --limit-fsize=BYTES; reads KCACHE_TEST_RAW_FAULTS. InvalidArgument naming the bad argument.
+// --limit-cpu=SECONDS, --limit-fsize=BYTES, --keep-network, --probe; reads
+// KCACHE_TEST_RAW_FAULTS. InvalidArgument naming the bad argument.
 absl::StatusOr<ServeOptions> ParseWorkerArgs(int argc, char** argv);
 
 }  // namespace kcache::worker

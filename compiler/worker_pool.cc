@@ -20,6 +20,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "compiler/worker.h"
 
 extern char** environ;
@@ -89,7 +90,7 @@ int WorkerPool::live_workers() const {
   return live_;
 }
 
-absl::StatusOr<std::unique_ptr<WorkerPool::Worker>> WorkerPool::Spawn() const {
+absl::StatusOr<std::unique_ptr<WorkerPool::Worker>> WorkerPool::Spawn(bool probe) const {
   auto w = std::make_unique<Worker>();
   int sv[2];
   if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) {
@@ -119,6 +120,7 @@ absl::StatusOr<std::unique_ptr<WorkerPool::Worker>> WorkerPool::Spawn() const {
   args.push_back(absl::StrCat("--limit-cpu=", options_.limit_cpu_seconds));
   args.push_back(absl::StrCat("--limit-fsize=", options_.limit_fsize_bytes));
   if (options_.enable_test_faults) args.push_back("--enable-test-faults");
+  if (probe) args.push_back("--probe");
   std::vector<char*> argv;
   for (std::string& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
@@ -138,6 +140,35 @@ absl::StatusOr<std::unique_ptr<WorkerPool::Worker>> WorkerPool::Spawn() const {
         absl::StrCat("cannot start compile worker ", worker_path_, ": ", strerror(rc)));
   }
   return w;
+}
+
+absl::StatusOr<std::string> WorkerPool::Probe() const {
+  absl::StatusOr<std::unique_ptr<Worker>> w = Spawn(/*probe=*/true);
+  if (!w.ok()) return w.status();
+  // It exits at once; wait for that without blocking forever on a worker
+  // that does not.
+  const absl::Time until = absl::Now() + absl::Seconds(10);
+  int status = 0;
+  pid_t r;
+  while ((r = waitpid((*w)->pid, &status, WNOHANG)) == 0 && absl::Now() < until) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  if (r <= 0) {
+    Reap(**w, /*kill_first=*/true);
+    return absl::UnavailableError("compile worker probe did not answer within 10 s");
+  }
+  (*w)->pid = -1;
+  std::string out = StderrTail((*w)->stderr_fd);
+  // StderrTail's "; worker output:\n" prefix, and the final newline.
+  if (const size_t nl = out.find('\n'); nl != std::string::npos) out.erase(0, nl + 1);
+  while (!out.empty() && out.back() == '\n') out.pop_back();
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    return absl::UnavailableError(
+        absl::StrCat("compile worker probe failed (wait status ", status, "): ", out));
+  }
+  // Only the last line is the description; earlier ones are warnings.
+  if (const size_t nl = out.rfind('\n'); nl != std::string::npos) out.erase(0, nl + 1);
+  return out;
 }
 
 std::string WorkerPool::Reap(Worker& w, bool kill_first, int* wait_status) {

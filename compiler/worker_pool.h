@@ -71,6 +71,14 @@ class WorkerPool : public Compiler {
   absl::StatusOr<CompileOutput> Compile(const CompileInput& input,
                                         absl::Time deadline) override;
 
+  // Starts one worker with --probe: it applies the protections a compile
+  // worker runs under (network drop, resource limits) and describes them on
+  // one line (worker::DescribeSandbox: "network dropped (...); interfaces
+  // lo; ..." or "network kept (<why the platform refused>); ..."), which
+  // this returns. For kcached's start-up lines. Unavailable when the worker
+  // cannot be started, or did not answer within 10 s (it is then killed).
+  absl::StatusOr<std::string> Probe() const;
+
   // Worker processes alive now (idle or busy). For tests and metrics.
   int live_workers() const;
   // Compiles retried on a fresh worker after their worker died (since
@@ -96,7 +104,8 @@ class WorkerPool : public Compiler {
     Limit limit = kAddressSpace;
   };
   Attempt RunOnce(Worker& w, const CompileInput& input, absl::Time deadline) const;
-  absl::StatusOr<std::unique_ptr<Worker>> Spawn() const;
+  // `probe`: start it with --probe (see Probe).
+  absl::StatusOr<std::unique_ptr<Worker>> Spawn(bool probe = false) const;
   // Kills (if needed) and reaps `w`; returns how it ended, as a message.
   // `wait_status`, when set, receives waitpid's status (0 if unknown).
   static std::string Reap(Worker& w, bool kill_first, int* wait_status = nullptr);

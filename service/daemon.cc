@@ -316,6 +316,15 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const v1::DaemonConfig& co
               << ", core dumps off\n";
   }
   d->workers = std::make_unique<WorkerPool>(wo);
+  {
+    // What a compile worker actually gets here (the platform may refuse the
+    // network drop: user namespaces off, or systemd's RestrictNamespaces=).
+    absl::StatusOr<std::string> sandbox = d->workers->Probe();
+    std::cerr << "kcached: compile worker sandbox: "
+              << (sandbox.ok() ? *sandbox
+                               : absl::StrCat("unknown (", sandbox.status().ToString(), ")"))
+              << "\n";
+  }
 
   Scheduler::Options sched;
   sched.compile_threads = threads;

@@ -18,6 +18,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "compiler/clock.h"
+#include "compiler/compile.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -511,6 +512,47 @@ TEST(SchedulerTest, TransientErrorsAreNotRemembered) {
   EXPECT_THAT(scheduler.Run(flaky()), StatusIs(absl::StatusCode::kUnavailable));
   EXPECT_THAT(scheduler.Run(flaky()), StatusIs(absl::StatusCode::kUnavailable));
   EXPECT_EQ(fake.compiles("flaky"), 2);
+}
+
+// Issue 26: a compile that hit a worker's resource limit names its key (hex)
+// as well as the limit, for the waiter that started it, one that joined, and
+// a later request answered from the memo; other errors are left as they are.
+TEST(SchedulerTest, LimitErrorNamesTheKeyForEveryWaiterAndTheMemo) {
+  FakeClock clock;
+  FakeCompiler fake;
+  Scheduler scheduler(OneThread(&clock));
+  const std::string key("\x01\xab\xcd\x00\x7f", 5);  // opaque bytes, as store keys are
+  const absl::Status limit_error = absl::ResourceExhaustedError(absl::StrCat(
+      "compile of raw kernel for sm_80 ", kCompileLimitExceeded,
+      " CPU-time limit (2 s per compile); limit=cpu_time"));
+  auto req = [&] {
+    Request r = Req(fake, key, "sm_80");
+    r.job = fake.Job(key, "sm_80", limit_error);
+    return r;
+  };
+  fake.Close(key);
+  auto first = scheduler.Submit(req());
+  ASSERT_TRUE(first.ok()) << first.status();
+  fake.WaitStarted(key);
+  auto joined = scheduler.Submit(req());
+  ASSERT_TRUE(joined.ok()) << joined.status();
+  fake.Open(key);
+  for (CompileResult r : {(*first)->Wait(), (*joined)->Wait(), scheduler.Run(req())}) {
+    EXPECT_THAT(r, StatusIs(absl::StatusCode::kResourceExhausted));
+    EXPECT_THAT(r.status().message(), HasSubstr("key 01abcd007f: compile of raw kernel"));
+    EXPECT_THAT(r.status().message(), HasSubstr("limit=cpu_time"));
+  }
+  EXPECT_EQ(fake.compiles(key), 1);
+
+  // A queue that is full is ResourceExhausted too, but not a worker limit.
+  auto other = [&] {
+    Request r = Req(fake, "other", "sm_80");
+    r.job = fake.Job("other", "sm_80", absl::ResourceExhaustedError("out of disk quota"));
+    return r;
+  };
+  CompileResult r = scheduler.Run(other());
+  EXPECT_THAT(r, StatusIs(absl::StatusCode::kResourceExhausted));
+  EXPECT_EQ(r.status().message(), "out of disk quota");
 }
 
 TEST(SchedulerTest, FullQueueRefusesNewJobsButLetsRequestsJoin) {
