@@ -1,6 +1,6 @@
 # Finds the LLVM that the raw-kernel path links (Debian's llvm-22-dev, under
 # /usr/lib/llvm-22): its NVPTX backend turns LLVM IR into PTX in the compile
-# worker (compiler/llvm_nvptx.cc), its Object library reads cubins for
+# worker (compiler/llvm/llvm_nvptx.cc), its Object library reads cubins for
 # `kcache show`. Sets LLVM_* as LLVMConfig.cmake does; the release lands in
 # the raw toolchain's fingerprint (compiler/CMakeLists.txt), so moving to
 # another LLVM changes every raw key (docs/ops.md "Raw kernels").

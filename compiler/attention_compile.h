@@ -12,8 +12,8 @@
 #include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "compiler/compile.h"
-#include "compiler/cuda_driver.h"
+#include "compiler/cuda/compile.h"
+#include "compiler/cuda/cuda_driver.h"
 #include "kcache/v1/record.pb.h"
 #include "kcache/v1/spec.pb.h"
 

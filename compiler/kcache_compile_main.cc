@@ -22,7 +22,7 @@
 #include "compiler/attention/codegen.h"
 #include "compiler/attention/spec_json.h"
 #include "compiler/attention_compile.h"
-#include "compiler/nvrtc.h"
+#include "compiler/cuda/nvrtc.h"
 #include "compiler/toolchain.h"
 #include "google/protobuf/util/json_util.h"
 

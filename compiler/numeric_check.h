@@ -17,8 +17,8 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "compiler/attention_compile.h"
-#include "compiler/compile.h"
-#include "compiler/cuda_driver.h"
+#include "compiler/cuda/compile.h"
+#include "compiler/cuda/cuda_driver.h"
 #include "kcache/v1/record.pb.h"
 
 namespace kcache {

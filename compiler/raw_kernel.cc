@@ -5,8 +5,8 @@
 #include "absl/time/clock.h"
 #include "cache/digest.h"
 #include "cache/key.h"
-#include "compiler/nvrtc.h"
-#include "compiler/raw_compile.h"
+#include "compiler/cuda/nvrtc.h"
+#include "compiler/worker/raw_compile.h"
 #include "compiler/resources.h"
 
 namespace kcache {

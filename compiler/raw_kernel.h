@@ -11,7 +11,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "compiler/attention_compile.h"
-#include "compiler/compile.h"
+#include "compiler/cuda/compile.h"
 #include "kcache/v1/record.pb.h"
 #include "kcache/v1/spec.pb.h"
 
@@ -36,7 +36,7 @@ absl::StatusOr<RawIdentity> ResolveRaw(const v1::RawKernel& raw, std::string_vie
 // Compiles with `compiler` (a WorkerPool: InProcessCompiler refuses raw
 // input) by `deadline` and builds the record: raw info, toolchain, arch, one
 // entry point per kernel name with the ptxas figures, the log. Errors are
-// the compiler's (compiler/raw_compile.h).
+// the compiler's (compiler/worker/raw_compile.h).
 absl::StatusOr<AttentionBuild> BuildRaw(const RawIdentity& id, const v1::Toolchain& toolchain,
                                         Compiler& compiler, absl::Time deadline);
 

@@ -2,8 +2,8 @@
 // wire's v1::Resources. Pure functions, thread-safe.
 #pragma once
 
-#include "compiler/compile.h"
-#include "compiler/cuda_driver.h"
+#include "compiler/cuda/compile.h"
+#include "compiler/cuda/cuda_driver.h"
 #include "kcache/v1/record.pb.h"
 
 namespace kcache {

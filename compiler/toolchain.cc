@@ -8,7 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "cache/digest.h"
 #include "cache/key.h"
-#include "compiler/raw_compile.h"
+#include "compiler/worker/raw_compile.h"
 
 namespace kcache {
 
@@ -65,7 +65,7 @@ absl::StatusOr<v1::Toolchain> RawToolchain(const NvJitLink& linker) {
   absl::StatusOr<std::string> build = FileDigest(*path, "nvJitLink");
   if (!build.ok()) return build.status();
   const std::string llvm = ConfiguredLlvmVersion();
-  // The NVPTX codegen settings of compiler/llvm_nvptx.cc, then nvJitLink's.
+  // The NVPTX codegen settings of compiler/llvm/llvm_nvptx.cc, then nvJitLink's.
   // Its dropping of ".target sm_XX, debug" from the PTX of IR with debug info
   // is not listed: such IR failed in ptxas before, so no stored entry differs.
   std::vector<std::string> options = {"llvm:triple=nvptx64-nvidia-cuda", "llvm:codegen-O3",

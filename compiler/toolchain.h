@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "compiler/nvjitlink.h"
-#include "compiler/nvrtc.h"
+#include "compiler/cuda/nvjitlink.h"
+#include "compiler/cuda/nvrtc.h"
 #include "kcache/v1/record.pb.h"
 
 namespace kcache {
@@ -34,7 +34,7 @@ v1::Toolchain MakeToolchain(std::string compiler, std::string version, std::stri
 // loaded; Internal when its file cannot be read.
 absl::StatusOr<v1::Toolchain> NvrtcToolchain(const Nvrtc& nvrtc);
 
-// The fingerprint of the raw-kernel path (compiler/raw_compile.h): compiler
+// The fingerprint of the raw-kernel path (compiler/worker/raw_compile.h): compiler
 // "llvm-nvptx+nvjitlink", version "llvm <X.Y.Z> nvjitlink <M.m>" (llvm "none"
 // when built without LLVM), build "sha256:<hex>" of the nvJitLink library
 // file, options: the NVPTX codegen settings then CanonicalNvJitLinkOptions().

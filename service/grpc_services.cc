@@ -9,7 +9,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "cache/key.h"
-#include "compiler/compile.h"
+#include "compiler/cuda/compile.h"
 #include "service/grpc_status.h"
 
 namespace kcache {
@@ -24,7 +24,7 @@ absl::Status AbandonedAtShutdown() {
 }
 
 grpc::Status Reply(grpc::ServerContextBase* ctx, const absl::Status& st) {
-  // A compile worker's limit (compiler/compile.h) is not transient: no hint.
+  // A compile worker's limit (compiler/cuda/compile.h) is not transient: no hint.
   if ((st.code() == absl::StatusCode::kResourceExhausted && !IsCompileLimitExceeded(st)) ||
       st.code() == absl::StatusCode::kUnavailable) {
     SetRetryHint(ctx, kRetryAfterMs);

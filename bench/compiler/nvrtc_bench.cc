@@ -21,9 +21,9 @@
 #include <vector>
 
 #include "benchmark/benchmark.h"
-#include "compiler/nvrtc.h"
+#include "compiler/cuda/nvrtc.h"
 #include "compiler/toolchain.h"
-#include "compiler/worker_pool.h"
+#include "compiler/worker/worker_pool.h"
 
 namespace kcache {
 namespace {

@@ -8,7 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "benchmark/benchmark.h"
-#include "compiler/scheduler.h"
+#include "compiler/scheduler/scheduler.h"
 
 namespace kcache {
 namespace {

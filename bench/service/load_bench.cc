@@ -47,7 +47,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "cache/store.h"
-#include "compiler/scheduler.h"
+#include "compiler/scheduler/scheduler.h"
 #include "kcache/v1/service.grpc.pb.h"
 #include "service/config.h"
 #include "service/kernel_backend.h"

@@ -24,7 +24,7 @@
 #include "compiler/attention/expr_lower.h"
 #include "compiler/attention/spec_normalize.h"
 #include "compiler/attention/spec_validate.h"
-#include "compiler/nvrtc.h"
+#include "compiler/cuda/nvrtc.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/attention_params.h"

@@ -23,7 +23,7 @@
 #include "compiler/attention/spec_canonical.h"
 #include "compiler/attention/spec_normalize.h"
 #include "compiler/attention/spec_validate.h"
-#include "compiler/nvrtc.h"
+#include "compiler/cuda/nvrtc.h"
 #include "gtest/gtest.h"
 #include "kernels/embedded.h"
 #include "tests/compiler/attention_test_util.h"

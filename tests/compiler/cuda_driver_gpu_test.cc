@@ -5,8 +5,8 @@
 #include <thread>
 #include <vector>
 
-#include "compiler/cuda_driver.h"
-#include "compiler/nvrtc.h"
+#include "compiler/cuda/cuda_driver.h"
+#include "compiler/cuda/nvrtc.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/compiler/test_kernels.h"

@@ -1,6 +1,6 @@
 // The CUDA driver wrapper where there is no driver (CI): compile-only mode,
 // and the architecture rules. The GPU half is cuda_driver_gpu_test.cc.
-#include "compiler/cuda_driver.h"
+#include "compiler/cuda/cuda_driver.h"
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"

@@ -17,8 +17,8 @@
 #include <sstream>
 #include <string>
 
-#include "compiler/cuda_driver.h"
-#include "compiler/nvrtc.h"
+#include "compiler/cuda/cuda_driver.h"
+#include "compiler/cuda/nvrtc.h"
 #include "gtest/gtest.h"
 #include "kernels/attention_params.h"
 #include "kernels/attention_tiles.h"

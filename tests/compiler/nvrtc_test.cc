@@ -1,6 +1,6 @@
 // NVRTC with the real library (no GPU needed): compiles, logs, resource
 // reports, errors, and a missing library.
-#include "compiler/nvrtc.h"
+#include "compiler/cuda/nvrtc.h"
 
 #include <thread>
 #include <vector>

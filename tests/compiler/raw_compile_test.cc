@@ -1,15 +1,15 @@
-// The raw-kernel compile (compiler/raw_compile.h) in process, with the real
+// The raw-kernel compile (compiler/worker/raw_compile.h) in process, with the real
 // LLVM NVPTX backend and nvJitLink (CPU only): committed IR, bitcode and PTX
 // fixtures become cubins for sm_80 and sm_90a, whose kernels the cubin reader
-// (compiler/cubin_elf.h) lists with the registers ptxas reported.
-#include "compiler/raw_compile.h"
+// (compiler/llvm/cubin_elf.h) lists with the registers ptxas reported.
+#include "compiler/worker/raw_compile.h"
 
 #include <tuple>
 
 #include "absl/strings/str_cat.h"
-#include "compiler/cubin_elf.h"
-#include "compiler/llvm_nvptx.h"
-#include "compiler/nvjitlink.h"
+#include "compiler/llvm/cubin_elf.h"
+#include "compiler/llvm/llvm_nvptx.h"
+#include "compiler/cuda/nvjitlink.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/cache/test_util.h"

@@ -2,7 +2,7 @@
 // compile job whose start and end the test controls through gates; time is a
 // FakeClock. No test sleeps: threads meet on latches, notifications and
 // conditions over the fake's state.
-#include "compiler/scheduler.h"
+#include "compiler/scheduler/scheduler.h"
 
 #include <atomic>
 #include <latch>
@@ -17,8 +17,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
-#include "compiler/clock.h"
-#include "compiler/compile.h"
+#include "compiler/scheduler/clock.h"
+#include "compiler/cuda/compile.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 

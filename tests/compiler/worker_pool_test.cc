@@ -1,7 +1,7 @@
 // Compile workers: real NVRTC in real kcache-compile-worker processes, with
 // the test faults (crash, hang) enabled. The hang test's 2 s is a deadline
 // the pool enforces, not a sleep.
-#include "compiler/worker_pool.h"
+#include "compiler/worker/worker_pool.h"
 
 #include <signal.h>
 #include <sys/stat.h>
@@ -12,7 +12,7 @@
 #include <thread>
 #include <vector>
 
-#include "compiler/nvrtc.h"
+#include "compiler/cuda/nvrtc.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/cache/test_util.h"

@@ -16,8 +16,8 @@
 #include <string>
 
 #include "absl/strings/match.h"
-#include "compiler/worker.h"
-#include "compiler/worker_pool.h"
+#include "compiler/worker/worker.h"
+#include "compiler/worker/worker_pool.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/compiler/test_kernels.h"

@@ -5,7 +5,7 @@
 // another client keeps getting its hits, an unrelated compile succeeds, and
 // the daemon's own memory stays small.
 //
-// The two limit faults are the worker's test hooks (compiler/worker.h):
+// The two limit faults are the worker's test hooks (compiler/worker/worker.h):
 // raw kernels named kcache_test_alloc / kcache_test_spin, honoured only when
 // KCACHE_TEST_RAW_FAULTS=1 is in the environment the daemon and its workers
 // inherit; the raw path itself needs --enable_raw_kernels and the token.

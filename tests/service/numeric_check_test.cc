@@ -16,7 +16,7 @@
 #include "absl/synchronization/mutex.h"
 #include "compiler/attention/codegen.h"
 #include "compiler/numeric_check.h"
-#include "compiler/scheduler.h"
+#include "compiler/scheduler/scheduler.h"
 #include "compiler/toolchain.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"

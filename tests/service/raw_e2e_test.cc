@@ -11,7 +11,7 @@
 #include <tuple>
 
 #include "absl/strings/str_cat.h"
-#include "compiler/cubin_elf.h"
+#include "compiler/llvm/cubin_elf.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kcache/v1/service.grpc.pb.h"

@@ -16,7 +16,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
-#include "compiler/scheduler.h"
+#include "compiler/scheduler/scheduler.h"
 #include "compiler/toolchain.h"
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"

@@ -12,7 +12,7 @@
 #include "cache/store.h"
 #include "client/client.h"
 #include "client/discovery.h"
-#include "compiler/nvrtc.h"
+#include "compiler/cuda/nvrtc.h"
 #include "compiler/toolchain.h"
 
 namespace kcache::tools {

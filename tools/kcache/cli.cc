@@ -25,7 +25,7 @@
 #include "cache/store.h"
 #include "compiler/attention/spec_json.h"
 #ifdef KCACHE_TOOLS_WITH_LLVM
-#include "compiler/cubin_elf.h"
+#include "compiler/llvm/cubin_elf.h"
 #endif
 #include "tools/kcache/admin.h"
 #include "tools/kcache/args.h"

@@ -36,8 +36,8 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "compiler/clock.h"
-#include "compiler/compiled_kernel.h"
+#include "compiler/scheduler/clock.h"
+#include "compiler/scheduler/compiled_kernel.h"
 
 namespace kcache {
 

@@ -1,6 +1,6 @@
 // nvJitLink (the CUDA toolkit's JIT linker), loaded at run time with dlopen
 // like NVRTC: PTX in, cubin out. Used by the raw-kernel path
-// (compiler/raw_compile.h) inside the compile workers. A missing library is
+// (compiler/worker/raw_compile.h) inside the compile workers. A missing library is
 // an Unavailable error at first use, never a failure at start.
 //
 // Thread-safety: NvJitLink is thread-safe. Loading happens once; each Link
@@ -13,7 +13,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "compiler/cuda_library.h"
+#include "compiler/cuda/cuda_library.h"
 
 namespace kcache {
 

@@ -1,7 +1,7 @@
 // WorkerPool: kcache-compile-worker processes started with posix_spawn (a
 // fork+exec that is safe in a multithreaded daemon), talked to over a Unix
 // socket, killed at the request's deadline.
-#include "compiler/worker_pool.h"
+#include "compiler/worker/worker_pool.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -21,7 +21,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "compiler/worker.h"
+#include "compiler/worker/worker.h"
 
 extern char** environ;
 

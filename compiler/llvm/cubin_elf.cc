@@ -1,6 +1,6 @@
 // Cubin ELF reading (see cubin_elf.h). The one adapter from llvm::Error /
 // llvm::Expected to absl::Status for object files is ToStatus below.
-#include "compiler/cubin_elf.h"
+#include "compiler/llvm/cubin_elf.h"
 
 #include <algorithm>
 #include <cctype>

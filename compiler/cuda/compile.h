@@ -14,7 +14,7 @@
 
 namespace kcache {
 
-// A kernel another compiler produced, compiled as is (compiler/raw_compile.h):
+// A kernel another compiler produced, compiled as is (compiler/worker/raw_compile.h):
 // LLVM IR through LLVM's NVPTX backend to PTX, PTX through nvJitLink.
 // Values match kcache.v1.RawKernel.Format.
 enum class RawFormat { kLlvmIr = 1, kLlvmBitcode = 2, kPtx = 3 };
@@ -25,7 +25,7 @@ struct RawSource {
 };
 
 // One NVRTC compile (or, with `raw` set, one raw-kernel compile). The toolchain's canonical options (CanonicalNvrtcOptions
-// in compiler/nvrtc.h) and `--gpu-architecture=<arch>` are always added;
+// in compiler/cuda/nvrtc.h) and `--gpu-architecture=<arch>` are always added;
 // `extra_options` come after them and are NOT part of the toolchain
 // fingerprint: a caller that uses them must fold them into its cache key.
 struct CompileInput {
@@ -44,7 +44,7 @@ struct CompileInput {
 };
 
 // Per-kernel figures from ptxas's verbose report (--ptxas-options=-v). The
-// driver's view after loading (compiler/cuda_driver.h) is authoritative; this
+// driver's view after loading (compiler/cuda/cuda_driver.h) is authoritative; this
 // is what compile-only mode records.
 struct KernelReport {
   std::string name;  // as ptxas names it: the symbol (extern "C" = plain name)
@@ -62,8 +62,8 @@ struct CompileOutput {
   absl::Duration wall_time;  // create + compile + fetch, as seen by the compiler
 };
 
-// Anything that compiles a CompileInput: InProcessCompiler (compiler/nvrtc.h),
-// WorkerPool (compiler/worker_pool.h), or a test fake. Implementations are
+// Anything that compiles a CompileInput: InProcessCompiler (compiler/cuda/nvrtc.h),
+// WorkerPool (compiler/worker/worker_pool.h), or a test fake. Implementations are
 // thread-safe.
 //
 // Errors:

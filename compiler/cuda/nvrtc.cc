@@ -1,6 +1,6 @@
 // NVRTC loader and compile driver. nvrtc.h (the CUDA header) is used only for
 // types and prototypes: every entry point is resolved with dlsym.
-#include "compiler/nvrtc.h"
+#include "compiler/cuda/nvrtc.h"
 
 #include <nvrtc.h>
 
@@ -13,7 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
-#include "compiler/cuda_library.h"
+#include "compiler/cuda/cuda_library.h"
 
 namespace kcache {
 namespace {
@@ -211,7 +211,7 @@ absl::StatusOr<CompileOutput> Nvrtc::Compile(const CompileInput& input,
                                              absl::Time deadline) const {
   if (input.raw.has_value()) {
     return absl::UnimplementedError(
-        "raw kernels compile only in kcache-compile-worker (compiler/raw_compile.h), not NVRTC");
+        "raw kernels compile only in kcache-compile-worker (compiler/worker/raw_compile.h), not NVRTC");
   }
   if (absl::Status s = ValidateArch(input.arch); !s.ok()) return s;
   if (input.source.empty()) return absl::InvalidArgumentError("source: empty");

@@ -1,6 +1,6 @@
 // The raw-kernel compile that runs inside kcache-compile-worker: LLVM IR (or
 // bitcode) -> PTX through an IR compiler the worker was built with
-// (compiler/llvm_nvptx.h, absent without KCACHE_WITH_LLVM), then PTX ->
+// (compiler/llvm/llvm_nvptx.h, absent without KCACHE_WITH_LLVM), then PTX ->
 // cubin through nvJitLink; PTX input goes straight to nvJitLink. Resource
 // figures come from ptxas's report in nvJitLink's info log.
 //
@@ -13,9 +13,9 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "compiler/compile.h"
-#include "compiler/llvm_nvptx.h"
-#include "compiler/nvjitlink.h"
+#include "compiler/cuda/compile.h"
+#include "compiler/llvm/llvm_nvptx.h"
+#include "compiler/cuda/nvjitlink.h"
 
 namespace kcache {
 

@@ -1,7 +1,7 @@
 // The CUDA driver behind Devices. cuda.h is used only for types and
 // prototypes; every entry point is resolved with dlsym, under the versioned
 // name that cuda.h's macros map to (cuCtxPushCurrent -> cuCtxPushCurrent_v2).
-#include "compiler/cuda_driver.h"
+#include "compiler/cuda/cuda_driver.h"
 
 #include <cuda.h>
 #include <dlfcn.h>
@@ -18,7 +18,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "compiler/cuda_library.h"
+#include "compiler/cuda/cuda_library.h"
 
 namespace kcache {
 

@@ -6,7 +6,7 @@
 // waiter under mu_ and delivered after it is released, by whichever thread
 // finds the waiter idle, so that callbacks run in order and without the lock.
 // A callback waiter's DoneFn travels the same way, after its progress events.
-#include "compiler/scheduler.h"
+#include "compiler/scheduler/scheduler.h"
 
 #include <algorithm>
 #include <deque>
@@ -14,7 +14,7 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
-#include "compiler/compile.h"
+#include "compiler/cuda/compile.h"
 
 namespace kcache {
 

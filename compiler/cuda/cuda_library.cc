@@ -1,4 +1,4 @@
-#include "compiler/cuda_library.h"
+#include "compiler/cuda/cuda_library.h"
 
 #include <dlfcn.h>
 #include <limits.h>

@@ -1,4 +1,4 @@
-// Both ends of the compile-worker protocol (compiler/worker.proto): framing
+// Both ends of the compile-worker protocol (compiler/worker/worker.proto): framing
 // over a stream socket, conversions between CompileInput/CompileOutput and
 // the wire messages, and the worker's serve loop (kcache-compile-worker's
 // whole body). Functions are thread-compatible: one thread per fd.
@@ -9,9 +9,9 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "compiler/compile.h"
-#include "compiler/raw_compile.h"
-#include "compiler/worker.pb.h"
+#include "compiler/cuda/compile.h"
+#include "compiler/worker/raw_compile.h"
+#include "compiler/worker/worker.pb.h"
 
 namespace kcache::worker {
 

@@ -1,12 +1,12 @@
 // Raw kernels in the compile worker (see raw_compile.h).
-#include "compiler/raw_compile.h"
+#include "compiler/worker/raw_compile.h"
 
 #include <cctype>
 #include <set>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "compiler/nvrtc.h"
+#include "compiler/cuda/nvrtc.h"
 
 namespace kcache {
 namespace {

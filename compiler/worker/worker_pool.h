@@ -25,7 +25,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "compiler/compile.h"
+#include "compiler/cuda/compile.h"
 
 namespace kcache {
 
@@ -56,7 +56,7 @@ class WorkerPool : public Compiler {
   WorkerPool(const WorkerPool&) = delete;
   WorkerPool& operator=(const WorkerPool&) = delete;
 
-  // See Compiler (compiler/compile.h) for the codes. Besides those:
+  // See Compiler (compiler/cuda/compile.h) for the codes. Besides those:
   //   Internal          "compile worker crashed with signal N (...)" or
   //                     "... exited with status N", with the tail of the
   //                     worker's stderr, when the retry's worker died too

@@ -1,5 +1,5 @@
 // LLVM IR -> PTX (see llvm_nvptx.h).
-#include "compiler/llvm_nvptx.h"
+#include "compiler/llvm/llvm_nvptx.h"
 
 #include <memory>
 #include <mutex>

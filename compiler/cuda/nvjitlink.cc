@@ -1,14 +1,14 @@
 // nvJitLink loader and PTX linker. nvJitLink.h is used only for types and
 // prototypes: every entry point is resolved with dlsym.
-#include "compiler/nvjitlink.h"
+#include "compiler/cuda/nvjitlink.h"
 
 #include <nvJitLink.h>
 
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "compiler/cuda_library.h"
-#include "compiler/nvrtc.h"
+#include "compiler/cuda/cuda_library.h"
+#include "compiler/cuda/nvrtc.h"
 
 namespace kcache {
 

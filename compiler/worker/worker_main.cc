@@ -1,12 +1,12 @@
 // kcache-compile-worker: one isolated NVRTC compiler process, started and
-// reused by WorkerPool (compiler/worker_pool.h). Not meant to be run by hand.
+// reused by WorkerPool (compiler/worker/worker_pool.h). Not meant to be run by hand.
 // Built with LLVM (KCACHE_WORKER_WITH_LLVM, the static build included) it
 // also compiles raw LLVM IR; without it those requests answer Unimplemented.
 #include <cstdio>
 
-#include "compiler/worker.h"
+#include "compiler/worker/worker.h"
 #ifdef KCACHE_WORKER_WITH_LLVM
-#include "compiler/llvm_nvptx.h"
+#include "compiler/llvm/llvm_nvptx.h"
 #endif
 
 int main(int argc, char** argv) {

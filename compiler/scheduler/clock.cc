@@ -1,5 +1,5 @@
 // Real and fake clocks; see clock.h.
-#include "compiler/clock.h"
+#include "compiler/scheduler/clock.h"
 
 namespace kcache {
 namespace {

@@ -21,8 +21,8 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
-#include "compiler/compile.h"
-#include "compiler/cuda_library.h"
+#include "compiler/cuda/compile.h"
+#include "compiler/cuda/cuda_library.h"
 
 namespace kcache {
 
@@ -65,7 +65,7 @@ class Nvrtc {
   // Canonical path of the loaded library file (realpath).
   absl::StatusOr<std::string> LibraryPath() const;
 
-  // Compiles `input`; see Compiler in compiler/compile.h for the error codes.
+  // Compiles `input`; see Compiler in compiler/cuda/compile.h for the error codes.
   // The deadline is enforced through nvrtcSetFlowCallback (NVRTC polls it,
   // so cancellation is prompt in the front end, coarser inside ptxas); an
   // InfiniteFuture deadline installs no callback.
@@ -81,7 +81,7 @@ class Nvrtc {
 };
 
 // Compiles in the calling process. Cheap, but an NVRTC crash or hang takes
-// the process with it: the daemon uses WorkerPool (compiler/worker_pool.h).
+// the process with it: the daemon uses WorkerPool (compiler/worker/worker_pool.h).
 // Thread-safe. Does not own `nvrtc`, which must outlive it.
 class InProcessCompiler : public Compiler {
  public:

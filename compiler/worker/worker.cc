@@ -1,5 +1,5 @@
 // Compile-worker protocol: framing, conversions and the serve loop.
-#include "compiler/worker.h"
+#include "compiler/worker/worker.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -27,8 +27,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
-#include "compiler/nvjitlink.h"
-#include "compiler/nvrtc.h"
+#include "compiler/cuda/nvjitlink.h"
+#include "compiler/cuda/nvrtc.h"
 
 namespace kcache::worker {
 namespace {
