@@ -125,13 +125,6 @@ KeyRange ToolchainRange(std::string_view toolchain_id_raw) {
 
 std::string KeyToHex(std::string_view key) { return ToHex(key); }
 
-absl::StatusOr<std::string> KeyFromHex(std::string_view hex) {
-  auto raw = FromHex(hex);
-  if (!raw.ok()) return absl::InvalidArgumentError(absl::StrCat("key: ", raw.status().message()));
-  if (auto s = ValidateKey(*raw); !s.ok()) return s;
-  return raw;
-}
-
 bool HexKeyPrefix::Matches(std::string_view key) const {
   if (key.substr(0, bytes.size()) != bytes) return false;
   if (odd_nibble < 0) return true;

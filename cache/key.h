@@ -73,10 +73,9 @@ KeyRange ToolchainRange(std::string_view toolchain_id_raw);
 // empty when there is none (prefix all 0xff).
 std::string PrefixSuccessor(std::string_view prefix);
 
-// Hex form for people (82 lower-case digits).
+// Hex form for people (82 lower-case digits). People may also type a
+// prefix of one: ParseHexKeyPrefix below.
 std::string KeyToHex(std::string_view key);
-// Parses a whole hex key; InvalidArgument when not hex or not a valid key.
-absl::StatusOr<std::string> KeyFromHex(std::string_view hex);
 
 // A hex key prefix as typed by a person (1..82 hex digits, possibly odd):
 // `bytes` holds the whole bytes; `odd_nibble` is the trailing half byte, or

@@ -2,6 +2,11 @@
 // cubins by digest, access statistics, pins and a quarantine, with a bounded
 // in-memory layer for hot hits.
 //
+// Implementation, one idea a file: store.cc (open, repair, close),
+// store_core.cc (Publish, Lookup, quarantine), store_access_stats.cc,
+// store_admin.cc (List, Inspect, Stats, Verify, pins), store_removal.cc
+// (Evict, Invalidate, CollectGarbage), store_bundle.cc (Export, Import).
+//
 // Thread-safety: a Store is safe for concurrent use from any number of
 // threads without external synchronization (like rocksdb::DB). No internal
 // mutex is held across RocksDB I/O; per-key and per-digest logical latches

@@ -12,11 +12,6 @@
 
 namespace kcache {
 
-std::string ComputeToolchainId(const v1::Toolchain& toolchain) {
-  // One definition, owned by the store: the id is its key prefix.
-  return ToolchainIdHex(toolchain);
-}
-
 v1::Toolchain MakeToolchain(std::string compiler, std::string version, std::string build,
                             std::vector<std::string> options) {
   v1::Toolchain t;
@@ -24,7 +19,7 @@ v1::Toolchain MakeToolchain(std::string compiler, std::string version, std::stri
   t.set_version(std::move(version));
   t.set_build(std::move(build));
   for (std::string& o : options) t.add_options(std::move(o));
-  t.set_id(ComputeToolchainId(t));
+  t.set_id(ToolchainIdHex(t));  // one definition, owned by the store: its key prefix
   return t;
 }
 

@@ -15,14 +15,11 @@
 
 namespace kcache {
 
-// Hex of the first 8 bytes of SHA-256 over the canonical fields (compiler,
-// version, build, options; length-prefixed). Delegates to cache/key.h's
-// ToolchainIdHex, so the id always equals the store's key prefix. Ignores
-// `toolchain.id`.
-std::string ComputeToolchainId(const v1::Toolchain& toolchain);
-
-// Builds a toolchain from explicit fields and fills in its id. Tests use it
-// to put two toolchains on one store; the daemon could use it to pin one.
+// Builds a toolchain from explicit fields and fills in its id:
+// cache/key.h's ToolchainIdHex (hex of the first 8 bytes of SHA-256 over
+// the length-prefixed fields), so the id always equals the store's key
+// prefix. NvrtcToolchain and RawToolchain below build theirs with it; tests
+// use it to put two toolchains on one store.
 v1::Toolchain MakeToolchain(std::string compiler, std::string version, std::string build,
                             std::vector<std::string> options);
 

@@ -99,10 +99,12 @@ TEST(KeyTest, HexRoundTripAndPrefixes) {
   std::string k = *ComputeKey(Parts(t));
   std::string hex = KeyToHex(k);
   EXPECT_EQ(hex.size(), 2 * kKeySize);
-  EXPECT_EQ(*KeyFromHex(hex), k);
-  EXPECT_THAT(KeyFromHex(hex.substr(2)), StatusIs(absl::StatusCode::kInvalidArgument));
-  EXPECT_THAT(KeyFromHex("zz"), StatusIs(absl::StatusCode::kInvalidArgument));
-  EXPECT_THAT(KeyFromHex("02" + hex.substr(2)), StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_EQ(*FromHex(hex), k);
+  EXPECT_THAT(FromHex("zz"), StatusIs(absl::StatusCode::kInvalidArgument));
+  // Hex of what is not a key of this format: too short, another key version.
+  EXPECT_THAT(ValidateKey(*FromHex(hex.substr(2))), StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(ValidateKey(*FromHex("02" + hex.substr(2))),
+              StatusIs(absl::StatusCode::kInvalidArgument));
   for (size_t n : {1u, 2u, 7u, 18u, 82u}) {
     auto p = ParseHexKeyPrefix(hex.substr(0, n));
     ASSERT_TRUE(p.ok()) << n;

@@ -1,6 +1,7 @@
-// Helpers for the store tests: a fresh temporary directory per test, status
-// matchers, and records/cubins built the way the compiler will build them
-// (MakeCubin lives in make_cubin.h, which the benchmarks share).
+// Helpers for the store tests: a fresh temporary directory per test, the
+// status matchers (tests/common/status_matchers.h), and records/cubins
+// built the way the compiler will build them (MakeCubin lives in
+// make_cubin.h, which the benchmarks share).
 #pragma once
 
 #include <stdlib.h>
@@ -18,6 +19,7 @@
 #include "gtest/gtest.h"
 #include "kcache/v1/record.pb.h"
 #include "tests/cache/make_cubin.h"
+#include "tests/common/status_matchers.h"
 
 namespace kcache::testing {
 
@@ -39,25 +41,6 @@ class TempDir {
  private:
   std::string path_;
 };
-
-inline const absl::Status& GetStatus(const absl::Status& s) { return s; }
-template <typename T>
-const absl::Status& GetStatus(const absl::StatusOr<T>& s) {
-  return s.status();
-}
-
-MATCHER_P(StatusIs, code, absl::StrCat("has status code ", absl::StatusCodeToString(code))) {
-  const absl::Status& s = GetStatus(arg);
-  *result_listener << "status is " << s.ToString();
-  return s.code() == code;
-}
-MATCHER(IsOk, "is OK") {
-  const absl::Status& s = GetStatus(arg);
-  *result_listener << "status is " << s.ToString();
-  return s.ok();
-}
-#define KC_ASSERT_OK(expr) ASSERT_THAT((expr), ::kcache::testing::IsOk())
-#define KC_EXPECT_OK(expr) EXPECT_THAT((expr), ::kcache::testing::IsOk())
 
 inline v1::Toolchain MakeToolchain(const std::string& version = "13.0") {
   v1::Toolchain t;

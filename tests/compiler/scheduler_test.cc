@@ -21,6 +21,7 @@
 #include "compiler/cuda/compile.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/common/status_matchers.h"
 
 namespace kcache {
 
@@ -31,19 +32,9 @@ void PrintTo(const ProgressEvent& e, std::ostream* os) {
 
 namespace {
 
+using ::kcache::testing::StatusIs;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
-
-inline const absl::Status& StatusOf(const absl::Status& s) { return s; }
-template <typename T>
-const absl::Status& StatusOf(const absl::StatusOr<T>& s) {
-  return s.status();
-}
-
-MATCHER_P(StatusIs, code, "") {
-  *result_listener << StatusOf(arg).ToString();
-  return StatusOf(arg).code() == code;
-}
 
 // A fake compiler. Each job counts its compiles, records the order in which
 // jobs start, checks that its queue never runs two jobs at once, and blocks

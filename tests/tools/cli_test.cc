@@ -410,7 +410,7 @@ TEST(Cli, HelpForEveryCommandAndUnavailableStores) {
   EXPECT_EQ(h.code, 0);
   EXPECT_THAT(h.out, HasSubstr("exit status"));
   for (const char* cmd : {"status", "stats", "ls", "show", "warm", "export", "import", "invalidate",
-                          "gc", "pin", "unpin", "verify"}) {
+                          "gc", "pin", "unpin", "verify", "repair"}) {
     CliRun r = Kcache({cmd, "--help"});
     EXPECT_EQ(r.code, 0) << cmd;
     EXPECT_THAT(r.out, HasSubstr(absl::StrCat("usage: kcache ", cmd))) << cmd;
@@ -427,6 +427,23 @@ TEST(Cli, HelpForEveryCommandAndUnavailableStores) {
   CliRun r = Kcache({"--socket", dir.Sub("none.sock"), "--timeout", "1s", "status"});
   EXPECT_EQ(r.code, 3) << Show(r);
   EXPECT_THAT(r.err, HasSubstr("no kcache daemon"));
+}
+
+// `kcache --version` prints the VERSION file's version (through CMake's
+// project()), before and after a command, and nothing else.
+TEST(Cli, VersionIsTheVersionFile) {
+  std::ifstream in(std::string(KCACHE_SOURCE_DIR) + "/VERSION");
+  std::string version;
+  ASSERT_TRUE(std::getline(in, version));
+  ASSERT_THAT(version, ::testing::MatchesRegex("[0-9]+\\.[0-9]+\\.[0-9]+"));
+  for (std::vector<std::string> args :
+       {std::vector<std::string>{"--version"}, {"ls", "--version"}, {"--json", "--version"}}) {
+    CliRun r = Kcache(args);
+    EXPECT_EQ(r.code, 0) << Show(r);
+    EXPECT_EQ(r.out, "kcache " + version + "\n");
+    EXPECT_THAT(r.err, IsEmpty());
+  }
+  EXPECT_THAT(Kcache({"--help"}).out, HasSubstr("--version"));
 }
 
 // A missing socket or a path that is not one: exit 3 at once, naming the path
