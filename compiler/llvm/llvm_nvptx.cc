@@ -154,7 +154,6 @@ void DropDebugTarget(std::string& ptx) {
 
 }  // namespace
 
-std::string LlvmVersionString() { return LLVM_VERSION_STRING; }
 
 LlvmVersion LinkedLlvmVersion() {
   return LlvmVersion{LLVM_VERSION_MAJOR, LLVM_VERSION_MINOR, LLVM_VERSION_STRING};

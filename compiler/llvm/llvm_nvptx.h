@@ -18,9 +18,6 @@
 
 namespace kcache {
 
-// The LLVM release linked in, e.g. "22.1.8".
-std::string LlvmVersionString();
-
 struct LlvmVersion {
   int major = 0;
   int minor = 0;
