@@ -1293,43 +1293,46 @@ constexpr int kClassifySub = 8;  // sub-block side of the second interval pass
 // seen to be partial. Before this pass a partial tile was scanned element by
 // element from its first row: 87 us for the 48x48 neighbourhood mask's 324
 // tiles (H200, 2026-12-02), most of it in tiles whose first rows see nothing.
+#if KC_EXPR_MASK_TILE
+// One out-of-line copy of the generated interval evaluation for both passes
+// below: each inlined copy costs NVRTC time (the drafter expression's module
+// took 3.6 s of CPU with it inlined in an unrolled loop, 2.2 s before the
+// second pass), and a call is nothing beside the evaluation.
+__device__ __noinline__ int classify_interval(int b, int h, int q0, int q1, int kv0, int kv1,
+                                              const AttentionParams& p) {
+  return kc_expr_mask_tile(b, h, q0, q1, kv0, kv1, p);
+}
+#endif
+
 template <int BM, int BN>
 __device__ __forceinline__ int classify_expr_tile(const AttentionParams& p, int b, int h, int m0,
                                                   int m1, int n0, int n1, int lane) {
 #if KC_EXPR_MASK_TILE
-  const int c = kc_expr_mask_tile(b, h, m0, m1, n0, n1, p);
+  const int c = classify_interval(b, h, m0, m1, n0, n1, p);
   if (c != 1) return c;
   constexpr int kSub = kClassifySub;
-  constexpr int kChunks = ((BM + kSub - 1) / kSub * ((BN + kSub - 1) / kSub) + 31) / 32;
   const int sr = (m1 - m0 + kSub) / kSub, sc = (n1 - n0 + kSub) / kSub;
   const int ns = sr * sc;
   bool seen_t = false, seen_f = false;
-  unsigned open[kChunks];  // per chunk of 32 sub-blocks: the unsettled ones
-#pragma unroll
-  for (int k = 0; k < kChunks; ++k) {
-    const int s = k * 32 + lane;
+#pragma unroll 1
+  for (int s0 = 0; s0 < ns; s0 += 32) {
+    const int s = s0 + lane;
+    const bool live = s < ns;
     int sc_ = 0;
-    bool live = s < ns;
     if (live) {
       const int r0 = m0 + (s / sc) * kSub, c0 = n0 + (s % sc) * kSub;
-      sc_ = kc_expr_mask_tile(b, h, r0, imin(r0 + kSub - 1, m1), c0, imin(c0 + kSub - 1, n1),
-                              p);
+      sc_ = classify_interval(b, h, r0, imin(r0 + kSub - 1, m1), c0, imin(c0 + kSub - 1, n1), p);
     }
     seen_t = seen_t || __any_sync(0xffffffffu, live && sc_ == 2);
     seen_f = seen_f || __any_sync(0xffffffffu, live && sc_ == 0);
-    open[k] = __ballot_sync(0xffffffffu, live && sc_ == 1);
-  }
-  if (seen_t && seen_f) return 1;
-#pragma unroll
-  for (int k = 0; k < kChunks; ++k) {
-    unsigned m = open[k];
-    while (m != 0u) {  // warp-uniform: every lane holds the same ballot
-      const int s = k * 32 + __ffs(m) - 1;
-      m &= m - 1u;
-      const int r0 = m0 + (s / sc) * kSub, c0 = n0 + (s % sc) * kSub;
-#pragma unroll
-      for (int half = 0; half < kSub * kSub / 32; ++half) {
-        const int e = half * 32 + lane;
+    if (seen_t && seen_f) return 1;
+    unsigned open = __ballot_sync(0xffffffffu, live && sc_ == 1);
+    while (open != 0u) {  // warp-uniform: every lane holds the same ballot
+      const int u = s0 + __ffs(open) - 1;
+      open &= open - 1u;
+      const int r0 = m0 + (u / sc) * kSub, c0 = n0 + (u % sc) * kSub;
+#pragma unroll 1
+      for (int e = lane; e < kSub * kSub; e += 32) {
         const int q = r0 + e / kSub, kv = c0 + e % kSub;
         const bool in = q <= m1 && kv <= n1;
         const bool v = in && kc_expr_mask(b, h, q, kv, p);
