@@ -526,6 +526,8 @@ def run_expr_case(name, args, rows):
     # time per call reported apart); fwd and fwd+bwd through autograd. After kcache's
     # timings: its first compile takes minutes on a fresh machine (run 2026-12-02).
     try:
+        if args.no_flex:
+            raise RuntimeError("not run (--no-flex)")
         flex = torch.compile(flex_attention, dynamic=False)
         bmask = create_block_mask(mm, B, Hq, Lq, Lkv, device="cuda", _compile=True)
         res["flex_block_mask_ms"] = time_ms(
