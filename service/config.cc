@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/util/json_util.h"
+#include "service/logging.h"
 
 namespace kcache {
 
@@ -37,6 +38,7 @@ v1::DaemonConfig DefaultDaemonConfig() {
   c.set_compile_limit_address_space_bytes(uint64_t{4} << 30);
   c.set_compile_limit_cpu_seconds(120);
   c.set_compile_limit_output_bytes(uint64_t{256} << 20);
+  c.set_log_level("info");
   return c;
 }
 
@@ -135,6 +137,7 @@ absl::StatusOr<v1::DaemonConfig> ParseDaemonConfig(const std::vector<std::string
 
 absl::Status ValidateDaemonConfig(const v1::DaemonConfig& c) {
   if (c.store_path().empty()) return absl::InvalidArgumentError("store_path: must not be empty");
+  if (absl::Status st = ValidateLogLevel(c.log_level()); !st.ok()) return st;
   if (c.socket_path().empty() && c.tcp_address().empty()) {
     return absl::InvalidArgumentError("socket_path and tcp_address: at least one must be set");
   }

@@ -1,5 +1,7 @@
 #include "service/grpc_services.h"
 
+#include <glog/logging.h>
+
 #include <deque>
 #include <optional>
 #include <vector>
@@ -11,6 +13,7 @@
 #include "cache/key.h"
 #include "compiler/cuda/compile.h"
 #include "service/grpc_status.h"
+#include "service/logging.h"
 
 namespace kcache {
 
@@ -644,9 +647,13 @@ grpc::Status AdminServiceImpl::Evict(grpc::ServerContext* ctx, const v1::EvictRe
   KC_AUTHORIZE(ctx);
   std::optional<absl::Duration> grace;
   if (req->grace_period_ms() > 0) grace = absl::Milliseconds(req->grace_period_ms());
+  const absl::Time start = absl::Now();
   auto r = store_->Evict(req->max_bytes(), grace);
   if (!r.ok()) return Reply(ctx, r.status());
   evicted_->Inc(r->evicted_entries());
+  LOG(INFO) << "eviction entries=" << r->evicted_entries() << " freed_bytes=" << r->freed_bytes()
+            << " duration=" << LogSeconds(absl::Now() - start) << " (admin: gc --max-bytes "
+            << req->max_bytes() << ")";
   *resp = *std::move(r);
   return grpc::Status::OK;
 }
@@ -661,8 +668,26 @@ grpc::Status AdminServiceImpl::Invalidate(grpc::ServerContext* ctx,
     if (!key.ok()) return Reply(ctx, key.status());
     r.set_key(*key);
   }
+  const absl::Time start = absl::Now();
   auto out = store_->Invalidate(r);
   if (!out.ok()) return Reply(ctx, out.status());
+  std::string what;
+  switch (r.what_case()) {
+    case v1::InvalidateRequest::kToolchainId:
+      what = absl::StrCat("toolchain ", r.toolchain_id());
+      break;
+    case v1::InvalidateRequest::kArch:
+      what = absl::StrCat("arch ", r.arch());
+      break;
+    case v1::InvalidateRequest::kCreatedBeforeUnixMs:
+      what = absl::StrCat("created_before_unix_ms ", r.created_before_unix_ms());
+      break;
+    default:
+      what = "key";
+  }
+  LOG(INFO) << "invalidation what=" << what << " entries=" << out->removed_entries()
+            << " freed_bytes=" << out->freed_bytes()
+            << " duration=" << LogSeconds(absl::Now() - start);
   *resp = *std::move(out);
   return grpc::Status::OK;
 }
@@ -670,8 +695,14 @@ grpc::Status AdminServiceImpl::Invalidate(grpc::ServerContext* ctx,
 grpc::Status AdminServiceImpl::Verify(grpc::ServerContext* ctx, const v1::VerifyRequest*,
                                       v1::VerifyResponse* resp) {
   KC_AUTHORIZE(ctx);
+  const absl::Time start = absl::Now();
   auto r = store_->Verify();
   if (!r.ok()) return Reply(ctx, r.status());
+  google::LogMessage(__FILE__, __LINE__, r->corrupt() > 0 ? google::GLOG_WARNING : google::GLOG_INFO)
+          .stream()
+      << "verify checked=" << r->checked() << " corrupt=" << r->corrupt()
+      << " quarantined=" << r->quarantined_keys_size()
+      << " duration=" << LogSeconds(absl::Now() - start);
   *resp = *std::move(r);
   return grpc::Status::OK;
 }

@@ -1,15 +1,16 @@
 #include "service/remote_hook.h"
 
+#include <glog/logging.h>
 #include <unistd.h>
 
 #include <fstream>
-#include <iostream>
 #include <random>
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "cache/remote/remote_tier.h"
+#include "service/logging.h"
 
 namespace kcache {
 
@@ -31,8 +32,8 @@ EntryRef FetchOrClaim(SharedTier& tier, Store& store, std::string_view key, absl
   auto stored = store.Publish(std::move(record), remote->cubin);
   if (stored.ok()) return *std::move(stored);
   // Verified already: serve it even if the local store cannot take it now.
-  std::cerr << "kcached: remote tier: storing a fetched entry locally failed: "
-            << stored.status().message() << std::endl;
+  LOG(WARNING) << "remote tier: storing a fetched entry locally failed: key="
+               << KeyPrefix(key) << " error=" << LogQuote(stored.status().message());
   return remote;
 }
 
@@ -60,9 +61,9 @@ absl::StatusOr<std::unique_ptr<SharedTier>> MakeSharedTier(const v1::DaemonConfi
   char host[256] = {};
   gethostname(host, sizeof(host) - 1);
   o.node_id = absl::StrCat(host, ":", getpid(), ":", std::random_device()());
-  std::cerr << "kcached: remote tier " << address->ToString() << " (timeout "
+  LOG(INFO) << "remote tier " << address->ToString() << " (timeout "
             << absl::FormatDuration(o.redis.timeout) << ", lease "
-            << absl::FormatDuration(o.lease_ttl) << ")" << std::endl;
+            << absl::FormatDuration(o.lease_ttl) << ")";
   return std::unique_ptr<SharedTier>(std::make_unique<RemoteTier>(std::move(o)));
 }
 
