@@ -28,6 +28,7 @@
 #include "compiler/toolchain.h"
 #include "compiler/worker/worker_pool.h"
 #include "google/protobuf/stubs/logging.h"
+#include "service/build_info.h"
 #include "service/config.h"
 #include "service/grpc_services.h"
 #include "service/grpc_status.h"
@@ -390,6 +391,19 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const v1::DaemonConfig& co
     }
     return out;
   });
+
+  // The build, as a constant 1 with labels (Prometheus' *_build_info):
+  // `kcached --version` says the same, and nvrtc is the library found at run
+  // time ("none" when the daemon cannot compile).
+  {
+    std::string labels = absl::StrCat(
+        "version=\"", KCACHE_VERSION_STRING, "\",cuda=\"", KCACHE_CUDA_HEADERS_VERSION,
+        "\",nvrtc=\"", toolchain_status.ok() ? toolchain.version() : std::string("none"), "\"");
+    d->metrics.AddGauge("kcache_build_info", "kcached's version and build (always 1)",
+                        [labels] {
+                          return std::vector<std::pair<std::string, double>>{{labels, 1}};
+                        });
+  }
 
   WorkerPool* pool = d->workers.get();
   d->metrics.AddGauge("kcache_compile_worker_retries",
