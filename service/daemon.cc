@@ -13,6 +13,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <thread>
 
@@ -381,16 +382,40 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const v1::DaemonConfig& co
     return out;
   });
   if (d->remote != nullptr) AddRemoteMetrics(d->metrics, d->remote.get());
-  Store* st = d->store.get();
-  d->metrics.AddGauge("kcache_store_bytes", "Distinct cubin bytes in the store", [st] {
-    std::vector<std::pair<std::string, double>> out;
-    if (auto s = st->Stats(); s.ok()) {
-      out.emplace_back("", static_cast<double>(s->blob_bytes()));
-      out.emplace_back("kind=\"entries\"", static_cast<double>(s->entries()));
-      out.emplace_back("kind=\"quarantined\"", static_cast<double>(s->quarantined()));
+  // Bytes and counts are separate metrics (a metric has one unit). Store
+  // statistics scan the records, so the three gauges of one scrape share one
+  // scan: a result is reused for a second.
+  struct StoreStatsCache {
+    Store* store;
+    absl::Mutex mu;
+    absl::Time taken ABSL_GUARDED_BY(mu) = absl::InfinitePast();
+    std::optional<v1::StatsResponse> stats ABSL_GUARDED_BY(mu);
+    std::optional<v1::StatsResponse> Get() {
+      absl::MutexLock lock(&mu);  // held across the scan: one scan at a time
+      if (absl::Now() - taken > absl::Seconds(1)) {
+        auto s = store->Stats();
+        stats = s.ok() ? std::optional<v1::StatsResponse>(*std::move(s)) : std::nullopt;
+        taken = absl::Now();
+      }
+      return stats;
     }
-    return out;
-  });
+  };
+  auto store_stats = std::make_shared<StoreStatsCache>();
+  store_stats->store = d->store.get();
+  auto store_gauge = [store_stats](uint64_t (v1::StatsResponse::*field)() const) {
+    return [store_stats, field] {
+      std::vector<std::pair<std::string, double>> out;
+      if (auto s = store_stats->Get()) out.emplace_back("", static_cast<double>(((*s).*field)()));
+      return out;
+    };
+  };
+  d->metrics.AddGauge("kcache_store_bytes", "Distinct cubin bytes in the store",
+                      store_gauge(&v1::StatsResponse::blob_bytes));
+  d->metrics.AddGauge("kcache_store_entries", "Entries (records) in the store",
+                      store_gauge(&v1::StatsResponse::entries));
+  d->metrics.AddGauge("kcache_store_quarantined_entries",
+                      "Entries in the quarantine (failed a digest or decoding check)",
+                      store_gauge(&v1::StatsResponse::quarantined));
 
   // The build, as a constant 1 with labels (Prometheus' *_build_info):
   // `kcached --version` says the same, and nvrtc is the library found at run
@@ -406,13 +431,13 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const v1::DaemonConfig& co
   }
 
   WorkerPool* pool = d->workers.get();
-  d->metrics.AddGauge("kcache_compile_worker_retries",
+  d->metrics.AddCounterFunc("kcache_compile_worker_retries_total",
                       "Compiles retried on a fresh worker after their worker died", [pool] {
                         return std::vector<std::pair<std::string, double>>{
                             {"", static_cast<double>(pool->retried_compiles())}};
                       });
 
-  d->metrics.AddGauge(
+  d->metrics.AddCounterFunc(
       "kcache_compile_limit_exceeded_total",
       "Compiles that hit a compile worker's resource limit, by limit (not retried)", [pool] {
         std::vector<std::pair<std::string, double>> out;

@@ -98,6 +98,22 @@ v1::Progress ToProto(const ProgressEvent& e) {
   return p;
 }
 
+// One GetKernel / GetKernelStream call's part in kcache_get_kernel_seconds:
+// when it arrived, and (for a call that waits) whether its own job compiled.
+struct CallTiming {
+  KernelBackend* backend;
+  absl::Time start;
+  std::shared_ptr<const std::atomic<bool>> compiled_here;  // null: no wait
+
+  void Observe(KernelBackend::Outcome o) const { backend->ObserveRequest(o, absl::Now() - start); }
+  // For a waiting call's outcome.
+  void ObserveWait(bool ok) const {
+    Observe(!ok                                       ? KernelBackend::Outcome::kFailed
+            : compiled_here != nullptr && compiled_here->load() ? KernelBackend::Outcome::kCompiled
+                                                               : KernelBackend::Outcome::kWaited);
+  }
+};
+
 }  // namespace
 
 bool BearerTokenMatches(std::string_view authorization, std::string_view token) {
@@ -273,8 +289,8 @@ class KernelServiceImpl::TicketWait {
 class KernelServiceImpl::WaitingCall final : public grpc::ServerUnaryReactor {
  public:
   WaitingCall(grpc::CallbackServerContext* ctx, grpc::ByteBuffer* resp,
-              std::shared_ptr<Waiting> waiting)
-      : ctx_(ctx), resp_(resp), wait_(std::move(waiting)) {}
+              std::shared_ptr<Waiting> waiting, CallTiming timing)
+      : ctx_(ctx), resp_(resp), wait_(std::move(waiting)), timing_(std::move(timing)) {}
 
   void Start(std::unique_ptr<Ticket> ticket) {
     wait_.Start(std::move(ticket), [this](CompileResult r) { Answer(std::move(r)); });
@@ -297,12 +313,14 @@ class KernelServiceImpl::WaitingCall final : public grpc::ServerUnaryReactor {
     } else {
       status = Reply(ctx_, answer.status());
     }
+    timing_.ObserveWait(status.ok());
     Finish(status);
   }
 
   grpc::CallbackServerContext* const ctx_;
   grpc::ByteBuffer* const resp_;
   TicketWait wait_;
+  const CallTiming timing_;
 };
 
 // One GetKernelStream call. Events come from the scheduler (progress, then
@@ -316,8 +334,14 @@ class KernelServiceImpl::WaitingCall final : public grpc::ServerUnaryReactor {
 // last one is called.
 class KernelServiceImpl::StreamingCall final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
-  StreamingCall(grpc::CallbackServerContext* ctx, std::shared_ptr<Waiting> waiting)
-      : ctx_(ctx), wait_(std::move(waiting)) {}
+  StreamingCall(grpc::CallbackServerContext* ctx, std::shared_ptr<Waiting> waiting,
+                CallTiming timing)
+      : ctx_(ctx), wait_(std::move(waiting)), timing_(std::move(timing)) {}
+
+  // Before Start: the flag of the job this call waits for.
+  void SetCompiledHere(std::shared_ptr<const std::atomic<bool>> flag) {
+    timing_.compiled_here = std::move(flag);
+  }
 
   // The scheduler's ProgressFn for this call (see Ticket: its calls never
   // overlap each other or the DoneFn, and stop once the ticket is released).
@@ -337,8 +361,14 @@ class KernelServiceImpl::StreamingCall final : public grpc::ServerWriteReactor<g
   }
 
   // Answered without a compile: from the store, or refused.
-  void Result(const KernelAnswer& answer) { Conclude(ResultEvent(answer), grpc::Status::OK); }
-  void Refuse(const absl::Status& st) { Conclude(std::nullopt, Reply(ctx_, st)); }
+  void Result(const KernelAnswer& answer) {
+    timing_.Observe(KernelBackend::Outcome::kHit);
+    Conclude(ResultEvent(answer), grpc::Status::OK);
+  }
+  void Refuse(const absl::Status& st) {
+    timing_.Observe(KernelBackend::Outcome::kFailed);
+    Conclude(std::nullopt, Reply(ctx_, st));
+  }
 
   void OnWriteDone(bool ok) override {
     {
@@ -372,10 +402,13 @@ class KernelServiceImpl::StreamingCall final : public grpc::ServerWriteReactor<g
   // The ticket's DoneFn.
   void Answer(CompileResult result) {
     if (auto stopped = wait_.Stopped(ctx_, result)) {
+      timing_.ObserveWait(false);
       Conclude(std::nullopt, *std::move(stopped));
     } else if (auto answer = KernelBackend::Answer(std::move(result)); answer.ok()) {
+      timing_.ObserveWait(true);
       Conclude(ResultEvent(*answer), grpc::Status::OK);
     } else {
+      timing_.ObserveWait(false);
       Conclude(std::nullopt, Reply(ctx_, answer.status()));
     }
   }
@@ -432,6 +465,7 @@ class KernelServiceImpl::StreamingCall final : public grpc::ServerWriteReactor<g
 
   grpc::CallbackServerContext* const ctx_;
   TicketWait wait_;
+  CallTiming timing_;  // compiled_here set before Start, then only read
   absl::Mutex mu_;
   std::deque<grpc::ByteBuffer> queue_ ABSL_GUARDED_BY(mu_);    // serialized, not yet written
   std::optional<grpc::Status> status_ ABSL_GUARDED_BY(mu_);    // the outcome, once known
@@ -478,8 +512,10 @@ void KernelServiceImpl::AwaitWaitingCalls(int n) const {
 grpc::ServerUnaryReactor* KernelServiceImpl::GetKernel(grpc::CallbackServerContext* ctx,
                                                        const grpc::ByteBuffer* request,
                                                        grpc::ByteBuffer* resp) {
+  CallTiming timing{backend_, absl::Now(), nullptr};
   // Answered on this thread (a hit or a refusal): gRPC's default reactor.
-  auto answer_now = [ctx](const grpc::Status& status) {
+  auto answer_now = [ctx, &timing](const grpc::Status& status) {
+    timing.Observe(status.ok() ? KernelBackend::Outcome::kHit : KernelBackend::Outcome::kFailed);
     grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
     reactor->Finish(status);
     return reactor;
@@ -495,7 +531,8 @@ grpc::ServerUnaryReactor* KernelServiceImpl::GetKernel(grpc::CallbackServerConte
   }
   // A miss waits for its compile (seconds to minutes) without a thread: the
   // scheduler finishes the call when the wait ends.
-  auto* call = new WaitingCall(ctx, resp, waiting_);
+  timing.compiled_here = pending->compiled_here;
+  auto* call = new WaitingCall(ctx, resp, waiting_, timing);
   call->Start(std::move(pending->ticket));
   return call;
 }
@@ -513,7 +550,7 @@ absl::StatusOr<v1::GetKernelRequest> KernelServiceImpl::ParseRequest(
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* KernelServiceImpl::GetKernelStream(
     grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* request) {
-  auto* call = new StreamingCall(ctx, waiting_);
+  auto* call = new StreamingCall(ctx, waiting_, CallTiming{backend_, absl::Now(), nullptr});
   absl::StatusOr<v1::GetKernelRequest> req = ParseRequest(*request);
   if (!req.ok()) {
     call->Refuse(req.status());
@@ -532,6 +569,7 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* KernelServiceImpl::GetKernelStream(
     call->Result(pending->answer);
   } else {
     // Like GetKernel, a miss waits without a thread.
+    call->SetCompiledHere(pending->compiled_here);
     call->Start(std::move(pending->ticket));
   }
   return call;

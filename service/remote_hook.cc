@@ -73,10 +73,12 @@ void AddRemoteMetrics(MetricsRegistry& metrics, const SharedTier* tier) {
     tier->FillStats(&s);
     return std::vector<std::pair<std::string, double>>{{"", s.connected() ? 1.0 : 0.0}};
   });
-  metrics.AddGauge(
-      "kcache_remote_events",
-      "Remote tier counters since start (kind: hits, misses, errors, bad_entries, publishes, "
-      "leases, lease_waits, takeovers, wait_timeouts, bytes_read, bytes_written, reconnects)",
+  // Counts and bytes apart (a metric has one unit); both are totals since
+  // start, so counters.
+  metrics.AddCounterFunc(
+      "kcache_remote_events_total",
+      "Remote tier events since start, by kind (hits, misses, errors, bad_entries, publishes, "
+      "leases, lease_waits, takeovers, wait_timeouts, reconnects)",
       [tier] {
         v1::RemoteTierStats s;
         tier->FillStats(&s);
@@ -93,10 +95,17 @@ void AddRemoteMetrics(MetricsRegistry& metrics, const SharedTier* tier) {
         add("lease_waits", s.lease_waits());
         add("takeovers", s.takeovers());
         add("wait_timeouts", s.wait_timeouts());
-        add("bytes_read", s.bytes_read());
-        add("bytes_written", s.bytes_written());
         add("reconnects", s.reconnects());
         return out;
+      });
+  metrics.AddCounterFunc(
+      "kcache_remote_bytes_total", "Bytes read from and written to the remote tier since start",
+      [tier] {
+        v1::RemoteTierStats s;
+        tier->FillStats(&s);
+        return std::vector<std::pair<std::string, double>>{
+            {"direction=\"read\"", static_cast<double>(s.bytes_read())},
+            {"direction=\"written\"", static_cast<double>(s.bytes_written())}};
       });
 }
 

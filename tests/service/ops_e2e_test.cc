@@ -1,12 +1,22 @@
 // Issue 19 (running kcached like a well-kept service) against a real
 // compile-only kcached: its log (one line per compile, failure and
-// invalidation, levels, --log_level), and FAILED_PRECONDITION from a daemon
-// that cannot compile.
+// invalidation, levels, --log_level), FAILED_PRECONDITION from a daemon
+// that cannot compile, the Prometheus endpoint (names, clean bucket bounds,
+// HEAD, the GetKernel latency histogram by outcome, kcache_build_info).
+#include <arpa/inet.h>
 #include <grpcpp/grpcpp.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
+#include <barrier>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -120,6 +130,91 @@ TEST(OpsE2E, ColdCompileAndFailureEachLogOneLineWithKeyArchDurationAndOutcome) {
   EXPECT_THAT(log, Not(HasSubstr("\nkcached: ")));
   EXPECT_EQ(d.Stop(SIGTERM), 0) << log;
   EXPECT_THAT(ReadFileOrEmpty(d.log_path()), HasSubstr("] stopped"));
+}
+
+// A worker that sleeps, then becomes the real kcache-compile-worker: a
+// compile that lasts long enough for a second request to join it.
+std::string SlowWorker(const TempDir& dir, int seconds) {
+  std::filesystem::path real = std::filesystem::path(Binary()).parent_path() /
+                               "kcache-compile-worker";
+  std::string path = dir.Sub("slow-worker.sh");
+  std::ofstream(path) << "#!/bin/sh\nsleep " << seconds << "\nexec '" << real.string()
+                      << "' \"$@\"\n";
+  chmod(path.c_str(), 0755);
+  return path;
+}
+
+// One HTTP/1.0 request to the daemon's metrics port (read from its log).
+std::string Http(const DaemonProcess& d, const std::string& method, const std::string& path) {
+  const std::string line = AwaitLogLine(d, "metrics port ");
+  const size_t at = line.rfind("metrics port ");
+  if (at == std::string::npos) return "";
+  const int port = std::atoi(line.c_str() + at + 13);
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  std::string out;
+  if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0) {
+    const std::string req = absl::StrCat(method, " ", path, " HTTP/1.0\r\n\r\n");
+    if (write(fd, req.data(), req.size()) == static_cast<ssize_t>(req.size())) {
+      char buf[4096];
+      ssize_t n;
+      while ((n = read(fd, buf, sizeof(buf))) > 0) out.append(buf, static_cast<size_t>(n));
+    }
+  }
+  close(fd);
+  return out;
+}
+
+TEST(OpsE2E, MetricsFollowPrometheusConventions) {
+  TempDir dir;
+  DaemonProcess d(dir.path(), {"--metrics_address", "127.0.0.1:0", "--worker_path",
+                               SlowWorker(dir, 2)});
+  ASSERT_NO_FATAL_FAILURE(d.Start());
+  // Two calls at once for one cold kernel: one compiles, one joins it.
+  std::barrier start(2);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 2; ++t) {
+    threads.emplace_back([&] {
+      auto client = NewClient(d);
+      start.arrive_and_wait();
+      auto r = client->Fetch(DistinctSpec(2), Sm80(), absl::Minutes(5));
+      EXPECT_TRUE(r.ok()) << r.status();
+    });
+  }
+  for (auto& t : threads) t.join();
+  auto client = NewClient(d);
+  EXPECT_TRUE(client->Fetch(DistinctSpec(2), Sm80(), absl::Minutes(1)).ok());  // a hit
+  v1::Target old_arch;
+  old_arch.set_arch("sm_75");
+  EXPECT_FALSE(client->Fetch(DistinctSpec(2), old_arch, absl::Minutes(1)).ok());  // refused
+
+  const std::string m = Http(d, "GET", "/metrics");
+  EXPECT_THAT(m, HasSubstr("HTTP/1.0 200 OK"));
+  for (const char* outcome : {"hit", "compiled", "waited", "failed"}) {
+    EXPECT_THAT(m, HasSubstr(absl::StrCat("kcache_get_kernel_seconds_count{outcome=\"", outcome,
+                                          "\"} 1\n")))
+        << m;
+  }
+  EXPECT_THAT(m, HasSubstr("# TYPE kcache_get_kernel_seconds histogram"));
+  EXPECT_THAT(m, HasSubstr("kcache_get_kernel_seconds_bucket{outcome=\"hit\",le=\"0.1\"} "));
+  EXPECT_THAT(m, HasSubstr("kcache_compile_seconds_bucket{le=\"0.1\"} "));
+  EXPECT_THAT(m, Not(HasSubstr("000000")));  // no 0.10000000000000001
+  EXPECT_THAT(m, ContainsRegex("kcache_build_info\\{version=\"[0-9]+\\.[0-9]+\\.[0-9]+\","
+                               "cuda=\"[0-9]+\\.[0-9]+\",nvrtc=\"[0-9.]+\"\\} 1\n"));
+  EXPECT_THAT(m, HasSubstr("kcache_store_entries 1\n"));
+  EXPECT_THAT(m, ContainsRegex("kcache_store_bytes [1-9][0-9]*\n"));
+  EXPECT_THAT(m, HasSubstr("kcache_store_quarantined_entries 0\n"));
+  EXPECT_THAT(m, HasSubstr("# TYPE kcache_compile_worker_retries_total counter\n"));
+  EXPECT_THAT(m, HasSubstr("# TYPE kcache_compile_limit_exceeded_total counter\n"));
+  // No count under a _bytes name.
+  EXPECT_THAT(m, Not(HasSubstr("kcache_store_bytes{")));
+
+  const std::string head = Http(d, "HEAD", "/metrics");
+  EXPECT_THAT(head, HasSubstr("HTTP/1.0 200 OK\r\n"));
+  EXPECT_EQ(head.substr(head.size() - 4), "\r\n\r\n") << head;  // headers only
 }
 
 TEST(OpsE2E, LogLevelWarningKeepsInfoLinesOut) {
