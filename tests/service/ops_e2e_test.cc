@@ -217,6 +217,50 @@ TEST(OpsE2E, MetricsFollowPrometheusConventions) {
   EXPECT_EQ(head.substr(head.size() - 4), "\r\n\r\n") << head;  // headers only
 }
 
+// The C++ client's ClientOptions::on_progress: a slow compile is reported
+// after progress_after, then once more when it is done; a hit is not.
+TEST(OpsE2E, ClientReportsProgressOfASlowCompile) {
+  TempDir dir;
+  DaemonProcess d(dir.path(), {"--worker_path", SlowWorker(dir, 3)});
+  ASSERT_NO_FATAL_FAILURE(d.Start());
+  absl::Mutex mu;
+  std::vector<CompileProgress> seen;
+  std::vector<std::string> archs;  // from the request, which lives during the call only
+  ClientOptions o;
+  o.target = d.target();
+  o.progress_after = absl::Milliseconds(500);
+  o.on_progress = [&](const CompileProgress& p) {
+    absl::MutexLock lock(&mu);
+    seen.push_back(p);
+    seen.back().request = nullptr;
+    archs.push_back(p.request->target().arch());
+  };
+  auto client = Client::Create(o);
+  ASSERT_TRUE(client.ok()) << client.status();
+  auto r = (*client)->Fetch(DistinctSpec(3), Sm80(), absl::Minutes(5));
+  ASSERT_TRUE(r.ok()) << r.status();
+  {
+    absl::MutexLock lock(&mu);
+    ASSERT_GE(seen.size(), 2u);
+    EXPECT_EQ(seen.front().phase, v1::Progress::PHASE_COMPILING);
+    EXPECT_EQ(seen.front().queue, "sm_80");
+    EXPECT_GE(seen.front().elapsed, absl::Milliseconds(500));
+    EXPECT_FALSE(seen.front().finished);
+    EXPECT_EQ(archs.front(), "sm_80");
+    EXPECT_TRUE(seen.back().finished);
+    EXPECT_TRUE(seen.back().status.ok()) << seen.back().status;
+    seen.clear();
+  }
+  // A second client: a hit, answered at once, is not reported.
+  auto again = Client::Create(o);
+  ASSERT_TRUE(again.ok());
+  auto hit = (*again)->Fetch(DistinctSpec(3), Sm80(), absl::Minutes(1));
+  ASSERT_TRUE(hit.ok()) << hit.status();
+  EXPECT_TRUE((*hit)->cache_hit());
+  absl::MutexLock lock(&mu);
+  EXPECT_TRUE(seen.empty());
+}
+
 TEST(OpsE2E, LogLevelWarningKeepsInfoLinesOut) {
   TempDir dir;
   DaemonProcess d(dir.path(), {"--log_level=warning"});
