@@ -23,6 +23,8 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "cache/key.h"
+#include "cache/store.h"
+#include "rocksdb/db.h"
 #include "client/client.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -259,6 +261,44 @@ TEST(OpsE2E, ClientReportsProgressOfASlowCompile) {
   EXPECT_TRUE((*hit)->cache_hit());
   absl::MutexLock lock(&mu);
   EXPECT_TRUE(seen.empty());
+}
+
+// A cubin damaged on disk is quarantined when read (never served), which the
+// log says with the key, before the compile that replaces it.
+TEST(OpsE2E, QuarantineIsLoggedWithTheKey) {
+  TempDir dir;
+  DaemonProcess d(dir.path());
+  ASSERT_NO_FATAL_FAILURE(d.Start());
+  std::string key, digest, cubin;
+  {
+    auto client = NewClient(d);
+    auto r = client->Fetch(DistinctSpec(4), Sm80(), absl::Minutes(5));
+    ASSERT_TRUE(r.ok()) << r.status();
+    key = (*r)->record().key();
+    digest = (*r)->record().cubin_sha256();
+    cubin = (*r)->cubin();
+  }
+  ASSERT_EQ(d.Stop(SIGTERM), 0);
+  {
+    auto store = Store::Open(d.store(), StoreOptions());
+    ASSERT_TRUE(store.ok()) << store.status();
+    cubin[cubin.size() / 2] ^= 0x5a;  // one flipped byte
+    ASSERT_TRUE((*store)
+                    ->raw_db_for_testing()
+                    ->Put(rocksdb::WriteOptions(), (*store)->column_family_for_testing("blobs"),
+                          digest, cubin)
+                    .ok());
+    ASSERT_TRUE((*store)->Close().ok());
+  }
+  ASSERT_NO_FATAL_FAILURE(d.Start());
+  auto client = NewClient(d);
+  auto again = client->Fetch(DistinctSpec(4), Sm80(), absl::Minutes(5));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_FALSE((*again)->cache_hit());  // compiled again, not served damaged
+  const std::string line = AwaitLogLine(d, "quarantine key=");
+  EXPECT_THAT(line, ContainsRegex(absl::StrCat(kPrefix, "WARNING daemon.cc:[0-9]+\\] ")));
+  EXPECT_THAT(line, HasSubstr(absl::StrCat("quarantine key=", KeyToHex(key).substr(0, 28),
+                                           " reason=\"")));
 }
 
 TEST(OpsE2E, LogLevelWarningKeepsInfoLinesOut) {
