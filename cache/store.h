@@ -108,6 +108,13 @@ struct StoreOptions {
   // Wall clock in Unix milliseconds; null = the system clock. Tests use a
   // controlled clock.
   std::function<int64_t()> now_unix_ms;
+  // Told of each entry the store removes, once the write that removed it is
+  // done: `kind` is "quarantined" (its record or cubin failed a check;
+  // `detail` says why), "evicted" or "invalidated" (`detail` empty). For the
+  // daemon's log. Runs on the calling thread with no store lock or latch
+  // held; it must not call back into the store. Null: nobody is told.
+  std::function<void(std::string_view kind, std::string_view key, std::string_view detail)>
+      on_removed;
 };
 
 // One entry to write, for PublishBatch.

@@ -165,6 +165,7 @@ void Store::Quarantine(std::string_view key, const v1::KernelRecord& record,
   hot_.Erase(key);
   if (read_only_) return;
   const std::string& digest = record.cubin_sha256();
+  bool quarantined = false;
   {
     ExclusiveLatches key_hold(key_latches_, {std::string(key)});
     // Only if the record still names the bad blob: a concurrent publish may
@@ -213,7 +214,7 @@ void Store::Quarantine(std::string_view key, const v1::KernelRecord& record,
     wo.sync = true;
     // Best effort: if this write fails the entry stays, and the next read
     // finds it bad again; it is never served either way.
-    (void)db_->Write(wo, &batch);
+    quarantined = db_->Write(wo, &batch).ok();
     if (digest_held) digest_latches_.ReleaseExclusive(digest);
   }
   {
@@ -221,6 +222,7 @@ void Store::Quarantine(std::string_view key, const v1::KernelRecord& record,
     pending_.erase(AbslView(key));
   }
   hot_.Erase(key);
+  if (quarantined && options_.on_removed) options_.on_removed("quarantined", key, reason);
 }
 
 absl::StatusOr<EntryRef> Store::Lookup(std::string_view key) {

@@ -116,6 +116,10 @@ absl::StatusOr<v1::InvalidateResponse> Store::RemoveKeys(std::vector<std::string
       for (const auto& k : removed) pending_.erase(k);
     }
     out.set_removed_entries(out.removed_entries() + removed.size());
+    if (options_.on_removed) {
+      const char* kind = keep_pinned ? "evicted" : "invalidated";  // Evict keeps pins
+      for (const auto& k : removed) options_.on_removed(kind, k, "");
+    }
   }
   auto freed = CollectBlobs(std::move(digests));
   if (!freed.ok()) return freed.status();
@@ -245,6 +249,9 @@ absl::StatusOr<v1::InvalidateResponse> Store::InvalidateToolchain(
       auto cur = it++;
       if (StartsWith(cur->first, prefix)) pending_.erase(cur);
     }
+  }
+  if (options_.on_removed) {
+    for (const auto& s : *scanned) options_.on_removed("invalidated", s.key, "");
   }
   auto freed = CollectBlobs(std::move(digests));
   if (!freed.ok()) return freed.status();

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <fstream>
 #include <sstream>
+#include <thread>
 
 #include "absl/status/status.h"
 #include "absl/strings/numbers.h"
@@ -119,6 +120,82 @@ absl::Status Client::EnsureConnected(absl::Time deadline) {
   return absl::OkStatus();
 }
 
+namespace {
+
+// Reports one streaming call's compile to ClientOptions::on_progress from a
+// thread of its own (so that a single long phase is still reported every
+// progress_every); the reading thread only records the daemon's events.
+// Created at the first progress event, i.e. only for a miss.
+class ProgressReporter {
+ public:
+  ProgressReporter(const ClientOptions& o, const v1::GetKernelRequest& request, absl::Time start)
+      : o_(o), start_(start) {
+    p_.request = &request;
+    thread_ = std::thread([this] { Run(); });
+  }
+  ~ProgressReporter() { Finish(absl::CancelledError("abandoned")); }
+
+  void Update(const v1::Progress& p) {
+    absl::MutexLock lock(&mu_);
+    p_.phase = p.phase();
+    p_.queue_position = p.queue_position();
+    p_.queue = p.queue();
+    changed_ = true;
+  }
+
+  // Stops the thread; the final report, if anything was reported.
+  void Finish(absl::Status status) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (stop_) return;
+      stop_ = true;
+    }
+    thread_.join();
+    if (!reported_) return;  // written by the joined thread only
+    CompileProgress last;
+    {
+      absl::MutexLock lock(&mu_);
+      last = p_;
+    }
+    last.elapsed = absl::Now() - start_;
+    last.finished = true;
+    last.status = std::move(status);
+    o_.on_progress(last);
+  }
+
+ private:
+  void Run() {
+    absl::MutexLock lock(&mu_);
+    absl::Time next = start_ + o_.progress_after;
+    for (;;) {
+      auto wake = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return stop_ || (reported_ && changed_);
+      };
+      mu_.AwaitWithDeadline(absl::Condition(&wake), next);
+      if (stop_) return;
+      reported_ = true;
+      changed_ = false;
+      CompileProgress now = p_;
+      now.elapsed = absl::Now() - start_;
+      mu_.Unlock();  // the callback runs with no lock held
+      o_.on_progress(now);
+      mu_.Lock();
+      next = absl::Now() + o_.progress_every;
+    }
+  }
+
+  const ClientOptions& o_;
+  const absl::Time start_;
+  absl::Mutex mu_;
+  CompileProgress p_ ABSL_GUARDED_BY(mu_);
+  bool changed_ ABSL_GUARDED_BY(mu_) = false;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  bool reported_ = false;  // the thread's, then Finish's after the join
+  std::thread thread_;
+};
+
+}  // namespace
+
 absl::StatusOr<std::shared_ptr<const v1::GetKernelResponse>> Client::CallGetKernel(
     const v1::GetKernelRequest& request, absl::Time deadline) {
   absl::Duration backoff = options_.initial_backoff;
@@ -142,7 +219,36 @@ absl::StatusOr<std::shared_ptr<const v1::GetKernelResponse>> Client::CallGetKern
       absl::MutexLock lock(&mu_);
       ++rpcs_;
     }
-    grpc::Status st = stub_->GetKernel(&ctx, request, resp.get());
+    grpc::Status st;
+    if (!options_.on_progress) {
+      st = stub_->GetKernel(&ctx, request, resp.get());
+    } else {
+      // The same answer as a stream of events: progress while the daemon
+      // compiles, then the result.
+      const absl::Time start = absl::Now();
+      std::unique_ptr<ProgressReporter> progress;
+      std::unique_ptr<grpc::ClientReader<v1::GetKernelEvent>> reader =
+          stub_->GetKernelStream(&ctx, request);
+      v1::GetKernelEvent event;
+      bool got = false;
+      while (reader->Read(&event)) {
+        if (event.has_result()) {
+          resp->Swap(event.mutable_result());
+          got = true;
+        } else if (event.has_progress()) {
+          if (progress == nullptr) {
+            progress = std::make_unique<ProgressReporter>(options_, request, start);
+          }
+          progress->Update(event.progress());
+        }
+      }
+      st = reader->Finish();
+      if (st.ok() && !got) {
+        st = grpc::Status(grpc::StatusCode::INTERNAL,
+                          "the daemon ended GetKernelStream without a result");
+      }
+      if (progress != nullptr) progress->Finish(FromGrpcStatus(st));
+    }
     if (st.ok()) return std::shared_ptr<const v1::GetKernelResponse>(std::move(resp));
     // CANCELLED is retried too: this client never cancels a call itself, so
     // it comes from the daemon cutting calls off while it shuts down (a

@@ -13,6 +13,7 @@
 #pragma once
 
 #include <atomic>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -26,6 +27,22 @@
 #include "kcache/v1/service.grpc.pb.h"
 
 namespace kcache {
+
+// A compile under way, as ClientOptions::on_progress sees it.
+struct CompileProgress {
+  // What was asked for; valid during the on_progress call only.
+  const v1::GetKernelRequest* request = nullptr;
+  // The daemon's last word: queued (with its position on `queue`),
+  // compiling, verifying; PHASE_UNSPECIFIED before it said anything.
+  v1::Progress::Phase phase = v1::Progress::PHASE_UNSPECIFIED;
+  uint32_t queue_position = 0;
+  std::string queue;
+  absl::Duration elapsed;  // since the call began
+  // The last report of a call has `finished` set: OK when the kernel came,
+  // else why not.
+  bool finished = false;
+  absl::Status status;
+};
 
 struct ClientOptions {
   // gRPC target: "unix:/abs/path.sock", "unix:relative.sock" or "host:port".
@@ -51,6 +68,15 @@ struct ClientOptions {
   // whitespace stripped, as kcached reads its --admin_token_path); not both.
   std::string admin_token;
   std::string admin_token_path;
+  // Progress of slow compiles. When set, calls go over GetKernelStream, and a
+  // kernel that is not ready after `progress_after` is reported: then every
+  // `progress_every` and at each phase change, and once more (`finished`)
+  // when it is ready or fails. Hits and quick compiles are not reported.
+  // Runs on a thread of the client's, never twice at once for one call; it
+  // must be quick and must not call into this Client.
+  std::function<void(const CompileProgress&)> on_progress;
+  absl::Duration progress_after = absl::Seconds(2);
+  absl::Duration progress_every = absl::Seconds(10);
 };
 
 namespace client_internal {

@@ -11,6 +11,7 @@ PACKAGES=(
   nlohmann-json3-dev systemd
   llvm-22-dev
   libhiredis-dev redis-server
+  libgoogle-glog-dev
   python3-grpcio python3-protobuf python3-pytest python3-yaml
 )
 

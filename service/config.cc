@@ -1,6 +1,9 @@
 #include "service/config.h"
 
+#include <yaml-cpp/yaml.h>
+
 #include <fstream>
+#include <optional>
 #include <sstream>
 
 #include "absl/status/status.h"
@@ -9,6 +12,9 @@
 #include "absl/strings/str_cat.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/util/json_util.h"
+#include "service/build_info.h"
+#include "service/logging.h"
+#include "service/units.h"
 
 namespace kcache {
 
@@ -37,35 +43,93 @@ v1::DaemonConfig DefaultDaemonConfig() {
   c.set_compile_limit_address_space_bytes(uint64_t{4} << 30);
   c.set_compile_limit_cpu_seconds(120);
   c.set_compile_limit_output_bytes(uint64_t{256} << 20);
+  c.set_log_level("info");
   return c;
 }
 
 namespace {
 
-absl::Status SetField(v1::DaemonConfig& c, const std::string& name, const std::string& value) {
-  const pb::Descriptor* d = c.GetDescriptor();
-  const pb::FieldDescriptor* f = d->FindFieldByName(name);
-  if (f == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat("unknown flag --", name, " (see --help)"));
+// How a field's text is read: by the suffix of its name.
+enum class Unit { kNone, kBytes, kMilliseconds, kSeconds };
+Unit UnitOf(const pb::FieldDescriptor* f) {
+  if (f->cpp_type() != pb::FieldDescriptor::CPPTYPE_UINT32 &&
+      f->cpp_type() != pb::FieldDescriptor::CPPTYPE_UINT64) {
+    return Unit::kNone;
   }
+  if (absl::EndsWith(f->name(), "_bytes")) return Unit::kBytes;
+  if (absl::EndsWith(f->name(), "_ms")) return Unit::kMilliseconds;
+  if (absl::EndsWith(f->name(), "_seconds")) return Unit::kSeconds;
+  return Unit::kNone;
+}
+
+const char* UnitHelp(Unit u) {
+  switch (u) {
+    case Unit::kBytes:
+      return "size: bytes, or 512K, 64M, 20G, 512MiB";
+    case Unit::kMilliseconds:
+      return "duration: milliseconds, or 500ms, 30s, 10m, 2h, 1d";
+    case Unit::kSeconds:
+      return "duration: seconds, or 90s, 10m, 2h";
+    case Unit::kNone:
+      break;
+  }
+  return nullptr;
+}
+
+// A DaemonConfig field by its name, or by its JSON name (camelCase, which
+// protobuf's JSON mapping also accepts in the older JSON files).
+const pb::FieldDescriptor* FindField(const std::string& name) {
+  const pb::Descriptor* d = v1::DaemonConfig::descriptor();
+  const pb::FieldDescriptor* f = d->FindFieldByName(name);
+  return f != nullptr ? f : d->FindFieldByCamelcaseName(name);
+}
+
+// Sets field `f` from `value`; `where` names it in messages ("--store_path",
+// "kcached.yaml:3: store_path").
+absl::Status SetField(v1::DaemonConfig& c, const pb::FieldDescriptor* f, const std::string& value,
+                      const std::string& where) {
   const pb::Reflection* r = c.GetReflection();
-  auto bad = [&] {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--", name, ": '", value, "' is not a valid ", f->type_name()));
+  const Unit unit = UnitOf(f);
+  auto bad = [&](absl::string_view why = "") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, ": '", value, "' is not a valid ",
+        unit == Unit::kNone ? f->type_name() : UnitHelp(unit), why.empty() ? "" : " (", why,
+        why.empty() ? "" : ")"));
   };
+  uint64_t number = 0;
+  if (unit == Unit::kBytes) {
+    auto n = ParseSize(value);
+    if (!n.ok()) return bad();
+    number = *n;
+  } else if (unit == Unit::kMilliseconds || unit == Unit::kSeconds) {
+    const absl::Duration base = unit == Unit::kSeconds ? absl::Seconds(1) : absl::Milliseconds(1);
+    auto d = ParseDurationText(value, base);
+    if (!d.ok()) return bad();
+    absl::Duration rest;
+    const int64_t n = absl::IDivDuration(*d, base, &rest);
+    if (rest != absl::ZeroDuration()) {
+      return bad(unit == Unit::kSeconds ? "not whole seconds" : "not whole milliseconds");
+    }
+    number = static_cast<uint64_t>(n);
+  }
   switch (f->cpp_type()) {
     case pb::FieldDescriptor::CPPTYPE_STRING:
       r->SetString(&c, f, value);
       break;
     case pb::FieldDescriptor::CPPTYPE_UINT32: {
       uint32_t v;
-      if (!absl::SimpleAtoi(value, &v)) return bad();
+      if (unit != Unit::kNone) {
+        if (number > UINT32_MAX) return bad("too large");
+        v = static_cast<uint32_t>(number);
+      } else if (!absl::SimpleAtoi(value, &v)) {
+        return bad();
+      }
       r->SetUInt32(&c, f, v);
       break;
     }
     case pb::FieldDescriptor::CPPTYPE_UINT64: {
-      uint64_t v;
-      if (!absl::SimpleAtoi(value, &v)) return bad();
+      uint64_t v = number;
+      if (unit == Unit::kNone && !absl::SimpleAtoi(value, &v)) return bad();
       r->SetUInt64(&c, f, v);
       break;
     }
@@ -80,7 +144,57 @@ absl::Status SetField(v1::DaemonConfig& c, const std::string& name, const std::s
       break;
     }
     default:
-      return absl::InternalError(absl::StrCat("flag --", name, " has an unsupported type"));
+      return absl::InternalError(absl::StrCat(where, ": field has an unsupported type"));
+  }
+  return absl::OkStatus();
+}
+
+// A YAML node's position for messages: "FILE:LINE".
+std::string At(const std::string& path, const YAML::Node& n) {
+  return absl::StrCat(path, ":", n.Mark().line + 1);
+}
+
+// Reads a configuration file: a YAML mapping of DaemonConfig fields (JSON,
+// the older form, is YAML too). Comments, units ("20G", "30s") and the
+// protobuf JSON mapping's quoted numbers are all accepted.
+absl::Status MergeConfigFile(v1::DaemonConfig& c, const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return absl::InvalidArgumentError(absl::StrCat("--config: cannot read '", path, "'"));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  YAML::Node root;
+  try {
+    root = YAML::Load(ss.str());
+  } catch (const YAML::Exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat("--config: ", path, ":", e.mark.line + 1, ": ",
+                                                   e.msg));
+  }
+  if (root.IsNull()) return absl::OkStatus();  // empty, or only comments
+  if (!root.IsMap()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--config: ", At(path, root), ": expected a mapping of field: value"));
+  }
+  for (const auto& kv : root) {
+    if (!kv.first.IsScalar()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--config: ", At(path, kv.first), ": expected a field name"));
+    }
+    const std::string name = kv.first.Scalar();
+    const pb::FieldDescriptor* f = FindField(name);
+    if (f == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat("--config: ", At(path, kv.first),
+                                                     ": unknown field '", name, "' (see --help)"));
+    }
+    if (kv.second.IsNull()) continue;  // "field:" with no value keeps the default
+    if (!kv.second.IsScalar()) {
+      return absl::InvalidArgumentError(absl::StrCat("--config: ", At(path, kv.second), ": ",
+                                                     name, ": expected a single value"));
+    }
+    if (absl::Status st =
+            SetField(c, f, kv.second.Scalar(), absl::StrCat(At(path, kv.second), ": ", name));
+        !st.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("--config: ", st.message()));
+    }
   }
   return absl::OkStatus();
 }
@@ -89,45 +203,75 @@ absl::Status SetField(v1::DaemonConfig& c, const std::string& name, const std::s
 
 std::string DaemonUsage() {
   std::string u =
-      "usage: kcached [--config=FILE.json] [--FIELD=VALUE ...]\n"
-      "Every field of kcache.v1.DaemonConfig (proto/kcache/v1/daemon_config.proto) is a flag:\n";
+      "usage: kcached [--config FILE.yaml] [--FIELD VALUE | --FIELD=VALUE ...] [--version]\n"
+      "Every field of kcache.v1.DaemonConfig (proto/kcache/v1/daemon_config.proto) is a flag\n"
+      "and a key of the YAML configuration file (flags win over the file). Sizes take units\n"
+      "(512M, 20G, 512MiB), durations too (500ms, 30s, 10m, 2h, 1d); plain numbers are bytes,\n"
+      "and milliseconds or seconds as the field's name says. A bool flag alone means true.\n";
   const pb::Descriptor* d = v1::DaemonConfig::descriptor();
   for (int i = 0; i < d->field_count(); ++i) {
-    absl::StrAppend(&u, "  --", d->field(i)->name(), " (", d->field(i)->type_name(), ")\n");
+    const pb::FieldDescriptor* f = d->field(i);
+    const char* unit = UnitHelp(UnitOf(f));
+    absl::StrAppend(&u, "  --", f->name(), " (", unit != nullptr ? unit : f->type_name(), ")\n");
   }
+  absl::StrAppend(&u, "  --log_level: ", kLogLevels, "\n");
   return u;
+}
+
+std::string DaemonVersion() {
+  return absl::StrCat("kcached ", KCACHE_VERSION_STRING, "\n", "build: ", KCACHE_BUILD_INFO, "\n");
 }
 
 absl::StatusOr<v1::DaemonConfig> ParseDaemonConfig(const std::vector<std::string>& args) {
   v1::DaemonConfig c = DefaultDaemonConfig();
-  std::vector<std::pair<std::string, std::string>> flags;
-  for (const std::string& a : args) {
+  std::vector<std::pair<const pb::FieldDescriptor*, std::string>> flags;
+  std::vector<std::string> config_files;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
     if (a == "--help" || a == "-h") return absl::CancelledError(DaemonUsage());
-    if (!absl::StartsWith(a, "--")) {
+    if (a == "--version") return absl::CancelledError(DaemonVersion());
+    if (!absl::StartsWith(a, "--") || a.size() == 2) {
       return absl::InvalidArgumentError(absl::StrCat("unexpected argument '", a, "' (see --help)"));
     }
-    std::string body = a.substr(2);
-    size_t eq = body.find('=');
-    std::string name = body.substr(0, eq);
-    std::string value = eq == std::string::npos ? "" : body.substr(eq + 1);
-    if (name == "config") {
-      std::ifstream in(value);
-      if (!in) return absl::InvalidArgumentError(absl::StrCat("--config: cannot read '", value, "'"));
-      std::stringstream ss;
-      ss << in.rdbuf();
-      v1::DaemonConfig file;
-      auto st = pb::util::JsonStringToMessage(ss.str(), &file);
-      if (!st.ok()) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("--config: ", value, ": ", st.message().as_string()));
+    const std::string body = a.substr(2);
+    const size_t eq = body.find('=');
+    const std::string name = body.substr(0, eq);
+    std::optional<std::string> value;
+    if (eq != std::string::npos) value = body.substr(eq + 1);
+    const pb::FieldDescriptor* f = name == "config" ? nullptr : FindField(name);
+    if (name != "config" && f == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat("unknown flag --", name, " (see --help)"));
+    }
+    const bool is_bool = f != nullptr && f->cpp_type() == pb::FieldDescriptor::CPPTYPE_BOOL;
+    if (!value.has_value()) {
+      // "--name value": the next argument, unless it is a flag. A bool flag
+      // alone is true; "--name true|false" is read too.
+      const bool next_is_value = i + 1 < args.size() && !absl::StartsWith(args[i + 1], "--");
+      bool next_is_bool = false;
+      if (next_is_value && is_bool) {
+        bool ignored;
+        next_is_bool = absl::SimpleAtob(args[i + 1], &ignored);
       }
-      c.MergeFrom(file);  // set fields of the file override the defaults
+      if (next_is_value && (!is_bool || next_is_bool)) {
+        value = args[++i];
+      } else if (!is_bool) {
+        return absl::InvalidArgumentError(absl::StrCat("--", name, ": needs a value"));
+      } else {
+        value = "";
+      }
+    }
+    if (name == "config") {
+      config_files.push_back(*value);
     } else {
-      flags.emplace_back(name, value);
+      flags.emplace_back(f, *value);
     }
   }
-  for (const auto& [name, value] : flags) {
-    if (absl::Status st = SetField(c, name, value); !st.ok()) return st;
+  // The file first, whatever its place among the flags: flags win.
+  for (const std::string& path : config_files) {
+    if (absl::Status st = MergeConfigFile(c, path); !st.ok()) return st;
+  }
+  for (const auto& [f, value] : flags) {
+    if (absl::Status st = SetField(c, f, value, absl::StrCat("--", f->name())); !st.ok()) return st;
   }
   if (absl::Status st = ValidateDaemonConfig(c); !st.ok()) return st;
   return c;
@@ -135,6 +279,7 @@ absl::StatusOr<v1::DaemonConfig> ParseDaemonConfig(const std::vector<std::string
 
 absl::Status ValidateDaemonConfig(const v1::DaemonConfig& c) {
   if (c.store_path().empty()) return absl::InvalidArgumentError("store_path: must not be empty");
+  if (absl::Status st = ValidateLogLevel(c.log_level()); !st.ok()) return st;
   if (c.socket_path().empty() && c.tcp_address().empty()) {
     return absl::InvalidArgumentError("socket_path and tcp_address: at least one must be set");
   }

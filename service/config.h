@@ -1,6 +1,9 @@
-// The daemon's configuration: defaults, a JSON file (protobuf JSON mapping
-// of kcache.v1.DaemonConfig) and `--field=value` flags, applied in that
-// order. Every DaemonConfig field is also a flag of the same name.
+// The daemon's configuration: defaults, a YAML file (a mapping of
+// kcache.v1.DaemonConfig fields, with comments; the older JSON files, in
+// protobuf's JSON mapping, are YAML too and read the same) and flags
+// (`--field value` or `--field=value`), applied in that order. Every
+// DaemonConfig field is also a flag of the same name. Sizes (`_bytes`
+// fields) and durations (`_ms`, `_seconds`) take units: service/units.h.
 #pragma once
 
 #include <string>
@@ -14,10 +17,11 @@ namespace kcache {
 // The built-in defaults (store and socket under .kcache/ in the working dir).
 v1::DaemonConfig DefaultDaemonConfig();
 
-// Parses argv (without argv[0]): `--config=FILE` is read first, then each
-// `--field=value` overrides. Unknown flags, malformed values and a config
-// file that does not parse are InvalidArgument naming the flag or file.
-// `--help` yields a status of kind Cancelled carrying the usage text.
+// Parses argv (without argv[0]): `--config FILE` is read first, then each
+// flag overrides. Unknown flags or keys, malformed values and a config file
+// that does not parse are InvalidArgument naming the flag, or the file and
+// line. `--help` and `--version` yield a status of kind Cancelled carrying
+// the text to print.
 absl::StatusOr<v1::DaemonConfig> ParseDaemonConfig(const std::vector<std::string>& args);
 
 // Checks cross-field rules (admin over TCP needs TLS and a token, ...).
@@ -27,5 +31,9 @@ absl::Status ValidateDaemonConfig(const v1::DaemonConfig& config);
 std::string DaemonConfigToJson(const v1::DaemonConfig& config);
 
 std::string DaemonUsage();
+
+// "kcached 0.5.0\nbuild: ...\n": the project version (VERSION) and how this
+// binary was built (compiler, build type, CUDA headers, libraries; no git).
+std::string DaemonVersion();
 
 }  // namespace kcache

@@ -1,5 +1,6 @@
 #include "service/daemon.h"
 
+#include <glog/logging.h>
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
@@ -12,7 +13,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <iostream>
+#include <optional>
 #include <sstream>
 #include <thread>
 
@@ -28,11 +29,13 @@
 #include "compiler/toolchain.h"
 #include "compiler/worker/worker_pool.h"
 #include "google/protobuf/stubs/logging.h"
+#include "service/build_info.h"
 #include "service/config.h"
 #include "service/grpc_services.h"
 #include "service/grpc_status.h"
 #include "service/http_server.h"
 #include "service/kernel_backend.h"
+#include "service/logging.h"
 #include "service/metrics.h"
 #include "service/remote_hook.h"
 
@@ -77,15 +80,19 @@ struct Daemon::Impl {
     const absl::Duration every = absl::Milliseconds(config.eviction_interval_ms());
     while (!janitor_mu.AwaitWithTimeout(absl::Condition(&janitor_stop), every)) {
       janitor_mu.Unlock();  // no lock across RocksDB I/O
+      const absl::Time start = absl::Now();
       auto r = store->Evict(config.max_store_bytes());
       if (r.ok()) {
         evicted->Inc(r->evicted_entries());
         if (r->evicted_entries() > 0) {
-          std::cerr << "kcached: evicted " << r->evicted_entries() << " entries ("
-                    << r->freed_bytes() << " bytes) to stay within max_store_bytes\n";
+          LOG(INFO) << "eviction entries=" << r->evicted_entries()
+                    << " freed_bytes=" << r->freed_bytes()
+                    << " duration=" << LogSeconds(absl::Now() - start)
+                    << " (to stay within max_store_bytes=" << config.max_store_bytes() << ")";
         }
       } else {
-        std::cerr << "kcached: eviction failed: " << r.status().message() << "\n";
+        LOG(ERROR) << "eviction failed duration=" << LogSeconds(absl::Now() - start)
+                   << " error=" << LogQuote(r.status().message());
       }
       janitor_mu.Lock();
     }
@@ -113,12 +120,17 @@ void RateLimitedProtobufLog(google::protobuf::LogLevel level, const char* file, 
     }
     window_start = now;
     if (dropped > 0) {
-      std::cerr << "kcached: protobuf: " << dropped
-                << " further protobuf log lines dropped in the last minute\n";
+      LOG(WARNING) << "protobuf: " << dropped
+                   << " further protobuf log lines dropped in the last minute";
       dropped = 0;
     }
   }
-  std::cerr << "kcached: protobuf: " << file << ":" << line << ": " << message << std::endl;
+  const google::LogSeverity severity = level >= google::protobuf::LOGLEVEL_ERROR
+                                           ? google::GLOG_ERROR
+                                       : level == google::protobuf::LOGLEVEL_WARNING
+                                           ? google::GLOG_WARNING
+                                           : google::GLOG_INFO;
+  google::LogMessage(file, line, severity).stream() << "protobuf: " << message;
 }
 
 void InstallRateLimitedProtobufLog() {
@@ -242,6 +254,17 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const v1::DaemonConfig& co
   // The store first: a store held by another daemon is the commonest
   // start-up error, and it costs nothing else.
   StoreOptions so;
+  // One line per entry the store removes (the admin calls and the janitor
+  // log the call itself, with its duration).
+  so.on_removed = [](std::string_view kind, std::string_view key, std::string_view detail) {
+    if (kind == "quarantined") {
+      LOG(WARNING) << "quarantine key=" << KeyPrefix(key) << " reason="
+                   << LogQuote(absl::string_view(detail.data(), detail.size()))
+                   << " (never served; compiled again on the next request)";
+    } else {
+      LOG(INFO) << (kind == "evicted" ? "evict" : "invalidate") << " key=" << KeyPrefix(key);
+    }
+  };
   so.hot_cache_bytes = c.memory_cache_bytes();
   so.stats_flush_interval = absl::Milliseconds(c.stats_flush_ms());
   so.eviction_grace_period = absl::Milliseconds(c.eviction_grace_ms());
@@ -310,20 +333,19 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const v1::DaemonConfig& co
     auto show = [](uint64_t v, const char* unit) {
       return v == 0 ? std::string("unlimited") : absl::StrCat(v, unit);
     };
-    std::cerr << "kcached: compile worker limits: address space " << show(wo.limit_as_bytes, " bytes")
+    LOG(INFO) << "compile worker limits: address space " << show(wo.limit_as_bytes, " bytes")
               << ", CPU time " << show(wo.limit_cpu_seconds, " s per compile")
               << ", output file size " << show(wo.limit_fsize_bytes, " bytes")
-              << ", core dumps off\n";
+              << ", core dumps off";
   }
   d->workers = std::make_unique<WorkerPool>(wo);
   {
     // What a compile worker actually gets here (the platform may refuse the
     // network drop: user namespaces off, or systemd's RestrictNamespaces=).
     absl::StatusOr<std::string> sandbox = d->workers->Probe();
-    std::cerr << "kcached: compile worker sandbox: "
+    LOG(INFO) << "compile worker sandbox: "
               << (sandbox.ok() ? *sandbox
-                               : absl::StrCat("unknown (", sandbox.status().ToString(), ")"))
-              << "\n";
+                               : absl::StrCat("unknown (", sandbox.status().ToString(), ")"));
   }
 
   Scheduler::Options sched;
@@ -360,25 +382,62 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const v1::DaemonConfig& co
     return out;
   });
   if (d->remote != nullptr) AddRemoteMetrics(d->metrics, d->remote.get());
-  Store* st = d->store.get();
-  d->metrics.AddGauge("kcache_store_bytes", "Distinct cubin bytes in the store", [st] {
-    std::vector<std::pair<std::string, double>> out;
-    if (auto s = st->Stats(); s.ok()) {
-      out.emplace_back("", static_cast<double>(s->blob_bytes()));
-      out.emplace_back("kind=\"entries\"", static_cast<double>(s->entries()));
-      out.emplace_back("kind=\"quarantined\"", static_cast<double>(s->quarantined()));
+  // Bytes and counts are separate metrics (a metric has one unit). Store
+  // statistics scan the records, so the three gauges of one scrape share one
+  // scan: a result is reused for a second.
+  struct StoreStatsCache {
+    Store* store;
+    absl::Mutex mu;
+    absl::Time taken ABSL_GUARDED_BY(mu) = absl::InfinitePast();
+    std::optional<v1::StatsResponse> stats ABSL_GUARDED_BY(mu);
+    std::optional<v1::StatsResponse> Get() {
+      absl::MutexLock lock(&mu);  // held across the scan: one scan at a time
+      if (absl::Now() - taken > absl::Seconds(1)) {
+        auto s = store->Stats();
+        stats = s.ok() ? std::optional<v1::StatsResponse>(*std::move(s)) : std::nullopt;
+        taken = absl::Now();
+      }
+      return stats;
     }
-    return out;
-  });
+  };
+  auto store_stats = std::make_shared<StoreStatsCache>();
+  store_stats->store = d->store.get();
+  auto store_gauge = [store_stats](uint64_t (v1::StatsResponse::*field)() const) {
+    return [store_stats, field] {
+      std::vector<std::pair<std::string, double>> out;
+      if (auto s = store_stats->Get()) out.emplace_back("", static_cast<double>(((*s).*field)()));
+      return out;
+    };
+  };
+  d->metrics.AddGauge("kcache_store_bytes", "Distinct cubin bytes in the store",
+                      store_gauge(&v1::StatsResponse::blob_bytes));
+  d->metrics.AddGauge("kcache_store_entries", "Entries (records) in the store",
+                      store_gauge(&v1::StatsResponse::entries));
+  d->metrics.AddGauge("kcache_store_quarantined_entries",
+                      "Entries in the quarantine (failed a digest or decoding check)",
+                      store_gauge(&v1::StatsResponse::quarantined));
+
+  // The build, as a constant 1 with labels (Prometheus' *_build_info):
+  // `kcached --version` says the same, and nvrtc is the library found at run
+  // time ("none" when the daemon cannot compile).
+  {
+    std::string labels = absl::StrCat(
+        "version=\"", KCACHE_VERSION_STRING, "\",cuda=\"", KCACHE_CUDA_HEADERS_VERSION,
+        "\",nvrtc=\"", toolchain_status.ok() ? toolchain.version() : std::string("none"), "\"");
+    d->metrics.AddGauge("kcache_build_info", "kcached's version and build (always 1)",
+                        [labels] {
+                          return std::vector<std::pair<std::string, double>>{{labels, 1}};
+                        });
+  }
 
   WorkerPool* pool = d->workers.get();
-  d->metrics.AddGauge("kcache_compile_worker_retries",
+  d->metrics.AddCounterFunc("kcache_compile_worker_retries_total",
                       "Compiles retried on a fresh worker after their worker died", [pool] {
                         return std::vector<std::pair<std::string, double>>{
                             {"", static_cast<double>(pool->retried_compiles())}};
                       });
 
-  d->metrics.AddGauge(
+  d->metrics.AddCounterFunc(
       "kcache_compile_limit_exceeded_total",
       "Compiles that hit a compile worker's resource limit, by limit (not retried)", [pool] {
         std::vector<std::pair<std::string, double>> out;
@@ -491,38 +550,36 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const v1::DaemonConfig& co
   }
 
   // The start-up report: effective configuration, toolchain, devices.
-  std::cerr << "kcached: configuration " << DaemonConfigToJson(c) << "\n";
+  LOG(INFO) << "configuration " << DaemonConfigToJson(c);
   if (toolchain_status.ok()) {
-    std::cerr << "kcached: toolchain " << toolchain.compiler() << " " << toolchain.version()
-              << " id " << toolchain.id() << "\n";
+    LOG(INFO) << "toolchain " << toolchain.compiler() << " " << toolchain.version() << " id "
+              << toolchain.id();
   } else {
-    std::cerr << "kcached: WARNING: cannot compile: " << toolchain_status.message() << "\n";
+    LOG(WARNING) << "cannot compile: " << toolchain_status.message()
+                 << " (kernel requests are answered FAILED_PRECONDITION)";
   }
   if (c.enable_raw_kernels()) {
     if (raw_toolchain_status.ok()) {
-      std::cerr << "kcached: raw kernels enabled (admin token only): toolchain "
-                << raw_toolchain.compiler() << " " << raw_toolchain.version() << " id "
-                << raw_toolchain.id() << "\n";
+      LOG(INFO) << "raw kernels enabled (admin token only): toolchain " << raw_toolchain.compiler()
+                << " " << raw_toolchain.version() << " id " << raw_toolchain.id();
     } else {
-      std::cerr << "kcached: WARNING: raw kernels enabled but cannot compile: "
-                << raw_toolchain_status.message() << "\n";
+      LOG(WARNING) << "raw kernels enabled but cannot compile: " << raw_toolchain_status.message();
     }
   }
   if (!d->backend->compile_only()) {
     for (const DeviceInfo& dev : d->backend->devices()) {
-      std::cerr << "kcached: device " << dev.ordinal << ": " << dev.name << " (" << dev.arch
-                << ", " << dev.sm_count << " SMs)\n";
+      LOG(INFO) << "device " << dev.ordinal << ": " << dev.name << " (" << dev.arch << ", "
+                << dev.sm_count << " SMs)";
     }
   } else {
     absl::Status a = d->devices->Availability();
     // Availability's message starts with "compile-only mode: ...".
-    std::cerr << "kcached: "
-              << (c.compile_only() ? std::string("compile-only mode (configured)") : std::string(a.message()))
-              << "\n";
+    LOG(INFO) << (c.compile_only() ? std::string("compile-only mode (configured)")
+                                   : std::string(a.message()));
   }
-  std::cerr << "kcached: serving on " << (c.socket_path().empty() ? "" : "unix:" + c.socket_path())
+  LOG(INFO) << "serving on " << (c.socket_path().empty() ? "" : "unix:" + c.socket_path())
             << (c.tcp_address().empty() ? "" : absl::StrCat(" tcp port ", d->tcp_port))
-            << (d->http ? absl::StrCat(" metrics port ", d->http->port()) : "") << std::endl;
+            << (d->http ? absl::StrCat(" metrics port ", d->http->port()) : "");
   return std::unique_ptr<Daemon>(new Daemon(std::move(d)));
 }
 
@@ -562,8 +619,7 @@ absl::Status Daemon::Shutdown() {
     // it must end before the store closes (and before ~Impl frees the
     // backend, which is destroyed before the scheduler). Its worker is
     // killed at the compile's deadline, so this wait is bounded by it.
-    std::cerr << "kcached: " << sched.message() << "; waiting for them before closing the store"
-              << std::endl;
+    LOG(WARNING) << sched.message() << "; waiting for them before closing the store";
     d.scheduler->Shutdown(absl::InfiniteDuration()).IgnoreError();
   }
   absl::Status closed = d.store->Close();

@@ -1,5 +1,7 @@
 #include "service/grpc_services.h"
 
+#include <glog/logging.h>
+
 #include <deque>
 #include <optional>
 #include <vector>
@@ -11,6 +13,7 @@
 #include "cache/key.h"
 #include "compiler/cuda/compile.h"
 #include "service/grpc_status.h"
+#include "service/logging.h"
 
 namespace kcache {
 
@@ -94,6 +97,22 @@ v1::Progress ToProto(const ProgressEvent& e) {
   p.set_queue(e.queue);
   return p;
 }
+
+// One GetKernel / GetKernelStream call's part in kcache_get_kernel_seconds:
+// when it arrived, and (for a call that waits) whether its own job compiled.
+struct CallTiming {
+  KernelBackend* backend;
+  absl::Time start;
+  std::shared_ptr<const std::atomic<bool>> compiled_here;  // null: no wait
+
+  void Observe(KernelBackend::Outcome o) const { backend->ObserveRequest(o, absl::Now() - start); }
+  // For a waiting call's outcome.
+  void ObserveWait(bool ok) const {
+    Observe(!ok                                       ? KernelBackend::Outcome::kFailed
+            : compiled_here != nullptr && compiled_here->load() ? KernelBackend::Outcome::kCompiled
+                                                               : KernelBackend::Outcome::kWaited);
+  }
+};
 
 }  // namespace
 
@@ -270,8 +289,8 @@ class KernelServiceImpl::TicketWait {
 class KernelServiceImpl::WaitingCall final : public grpc::ServerUnaryReactor {
  public:
   WaitingCall(grpc::CallbackServerContext* ctx, grpc::ByteBuffer* resp,
-              std::shared_ptr<Waiting> waiting)
-      : ctx_(ctx), resp_(resp), wait_(std::move(waiting)) {}
+              std::shared_ptr<Waiting> waiting, CallTiming timing)
+      : ctx_(ctx), resp_(resp), wait_(std::move(waiting)), timing_(std::move(timing)) {}
 
   void Start(std::unique_ptr<Ticket> ticket) {
     wait_.Start(std::move(ticket), [this](CompileResult r) { Answer(std::move(r)); });
@@ -294,12 +313,14 @@ class KernelServiceImpl::WaitingCall final : public grpc::ServerUnaryReactor {
     } else {
       status = Reply(ctx_, answer.status());
     }
+    timing_.ObserveWait(status.ok());
     Finish(status);
   }
 
   grpc::CallbackServerContext* const ctx_;
   grpc::ByteBuffer* const resp_;
   TicketWait wait_;
+  const CallTiming timing_;
 };
 
 // One GetKernelStream call. Events come from the scheduler (progress, then
@@ -313,8 +334,14 @@ class KernelServiceImpl::WaitingCall final : public grpc::ServerUnaryReactor {
 // last one is called.
 class KernelServiceImpl::StreamingCall final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
-  StreamingCall(grpc::CallbackServerContext* ctx, std::shared_ptr<Waiting> waiting)
-      : ctx_(ctx), wait_(std::move(waiting)) {}
+  StreamingCall(grpc::CallbackServerContext* ctx, std::shared_ptr<Waiting> waiting,
+                CallTiming timing)
+      : ctx_(ctx), wait_(std::move(waiting)), timing_(std::move(timing)) {}
+
+  // Before Start: the flag of the job this call waits for.
+  void SetCompiledHere(std::shared_ptr<const std::atomic<bool>> flag) {
+    timing_.compiled_here = std::move(flag);
+  }
 
   // The scheduler's ProgressFn for this call (see Ticket: its calls never
   // overlap each other or the DoneFn, and stop once the ticket is released).
@@ -334,8 +361,14 @@ class KernelServiceImpl::StreamingCall final : public grpc::ServerWriteReactor<g
   }
 
   // Answered without a compile: from the store, or refused.
-  void Result(const KernelAnswer& answer) { Conclude(ResultEvent(answer), grpc::Status::OK); }
-  void Refuse(const absl::Status& st) { Conclude(std::nullopt, Reply(ctx_, st)); }
+  void Result(const KernelAnswer& answer) {
+    timing_.Observe(KernelBackend::Outcome::kHit);
+    Conclude(ResultEvent(answer), grpc::Status::OK);
+  }
+  void Refuse(const absl::Status& st) {
+    timing_.Observe(KernelBackend::Outcome::kFailed);
+    Conclude(std::nullopt, Reply(ctx_, st));
+  }
 
   void OnWriteDone(bool ok) override {
     {
@@ -369,10 +402,13 @@ class KernelServiceImpl::StreamingCall final : public grpc::ServerWriteReactor<g
   // The ticket's DoneFn.
   void Answer(CompileResult result) {
     if (auto stopped = wait_.Stopped(ctx_, result)) {
+      timing_.ObserveWait(false);
       Conclude(std::nullopt, *std::move(stopped));
     } else if (auto answer = KernelBackend::Answer(std::move(result)); answer.ok()) {
+      timing_.ObserveWait(true);
       Conclude(ResultEvent(*answer), grpc::Status::OK);
     } else {
+      timing_.ObserveWait(false);
       Conclude(std::nullopt, Reply(ctx_, answer.status()));
     }
   }
@@ -429,6 +465,7 @@ class KernelServiceImpl::StreamingCall final : public grpc::ServerWriteReactor<g
 
   grpc::CallbackServerContext* const ctx_;
   TicketWait wait_;
+  CallTiming timing_;  // compiled_here set before Start, then only read
   absl::Mutex mu_;
   std::deque<grpc::ByteBuffer> queue_ ABSL_GUARDED_BY(mu_);    // serialized, not yet written
   std::optional<grpc::Status> status_ ABSL_GUARDED_BY(mu_);    // the outcome, once known
@@ -475,8 +512,10 @@ void KernelServiceImpl::AwaitWaitingCalls(int n) const {
 grpc::ServerUnaryReactor* KernelServiceImpl::GetKernel(grpc::CallbackServerContext* ctx,
                                                        const grpc::ByteBuffer* request,
                                                        grpc::ByteBuffer* resp) {
+  CallTiming timing{backend_, absl::Now(), nullptr};
   // Answered on this thread (a hit or a refusal): gRPC's default reactor.
-  auto answer_now = [ctx](const grpc::Status& status) {
+  auto answer_now = [ctx, &timing](const grpc::Status& status) {
+    timing.Observe(status.ok() ? KernelBackend::Outcome::kHit : KernelBackend::Outcome::kFailed);
     grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
     reactor->Finish(status);
     return reactor;
@@ -492,7 +531,8 @@ grpc::ServerUnaryReactor* KernelServiceImpl::GetKernel(grpc::CallbackServerConte
   }
   // A miss waits for its compile (seconds to minutes) without a thread: the
   // scheduler finishes the call when the wait ends.
-  auto* call = new WaitingCall(ctx, resp, waiting_);
+  timing.compiled_here = pending->compiled_here;
+  auto* call = new WaitingCall(ctx, resp, waiting_, timing);
   call->Start(std::move(pending->ticket));
   return call;
 }
@@ -510,7 +550,7 @@ absl::StatusOr<v1::GetKernelRequest> KernelServiceImpl::ParseRequest(
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* KernelServiceImpl::GetKernelStream(
     grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* request) {
-  auto* call = new StreamingCall(ctx, waiting_);
+  auto* call = new StreamingCall(ctx, waiting_, CallTiming{backend_, absl::Now(), nullptr});
   absl::StatusOr<v1::GetKernelRequest> req = ParseRequest(*request);
   if (!req.ok()) {
     call->Refuse(req.status());
@@ -529,6 +569,7 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* KernelServiceImpl::GetKernelStream(
     call->Result(pending->answer);
   } else {
     // Like GetKernel, a miss waits without a thread.
+    call->SetCompiledHere(pending->compiled_here);
     call->Start(std::move(pending->ticket));
   }
   return call;
@@ -644,9 +685,13 @@ grpc::Status AdminServiceImpl::Evict(grpc::ServerContext* ctx, const v1::EvictRe
   KC_AUTHORIZE(ctx);
   std::optional<absl::Duration> grace;
   if (req->grace_period_ms() > 0) grace = absl::Milliseconds(req->grace_period_ms());
+  const absl::Time start = absl::Now();
   auto r = store_->Evict(req->max_bytes(), grace);
   if (!r.ok()) return Reply(ctx, r.status());
   evicted_->Inc(r->evicted_entries());
+  LOG(INFO) << "eviction entries=" << r->evicted_entries() << " freed_bytes=" << r->freed_bytes()
+            << " duration=" << LogSeconds(absl::Now() - start) << " (admin: gc --max-bytes "
+            << req->max_bytes() << ")";
   *resp = *std::move(r);
   return grpc::Status::OK;
 }
@@ -661,8 +706,26 @@ grpc::Status AdminServiceImpl::Invalidate(grpc::ServerContext* ctx,
     if (!key.ok()) return Reply(ctx, key.status());
     r.set_key(*key);
   }
+  const absl::Time start = absl::Now();
   auto out = store_->Invalidate(r);
   if (!out.ok()) return Reply(ctx, out.status());
+  std::string what;
+  switch (r.what_case()) {
+    case v1::InvalidateRequest::kToolchainId:
+      what = absl::StrCat("toolchain ", r.toolchain_id());
+      break;
+    case v1::InvalidateRequest::kArch:
+      what = absl::StrCat("arch ", r.arch());
+      break;
+    case v1::InvalidateRequest::kCreatedBeforeUnixMs:
+      what = absl::StrCat("created_before_unix_ms ", r.created_before_unix_ms());
+      break;
+    default:
+      what = "key";
+  }
+  LOG(INFO) << "invalidation what=" << what << " entries=" << out->removed_entries()
+            << " freed_bytes=" << out->freed_bytes()
+            << " duration=" << LogSeconds(absl::Now() - start);
   *resp = *std::move(out);
   return grpc::Status::OK;
 }
@@ -670,8 +733,14 @@ grpc::Status AdminServiceImpl::Invalidate(grpc::ServerContext* ctx,
 grpc::Status AdminServiceImpl::Verify(grpc::ServerContext* ctx, const v1::VerifyRequest*,
                                       v1::VerifyResponse* resp) {
   KC_AUTHORIZE(ctx);
+  const absl::Time start = absl::Now();
   auto r = store_->Verify();
   if (!r.ok()) return Reply(ctx, r.status());
+  google::LogMessage(__FILE__, __LINE__, r->corrupt() > 0 ? google::GLOG_WARNING : google::GLOG_INFO)
+          .stream()
+      << "verify checked=" << r->checked() << " corrupt=" << r->corrupt()
+      << " quarantined=" << r->quarantined_keys_size()
+      << " duration=" << LogSeconds(absl::Now() - start);
   *resp = *std::move(r);
   return grpc::Status::OK;
 }

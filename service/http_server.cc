@@ -110,9 +110,16 @@ void HttpServer::Serve(int client) {
     req.append(buf, static_cast<size_t>(n));
   }
   std::string status = "200 OK", body, type = "text/plain; version=0.0.4";
-  if (req.rfind("GET /metrics", 0) == 0) {
+  // HEAD is GET without the body (RFC 9110 9.3.2): probes and load
+  // balancers use it to see that the endpoint is there.
+  const bool head = req.rfind("HEAD ", 0) == 0;
+  const size_t from = head ? 5 : 4;  // the request has at least "\r\n\r\n"
+  std::string target = req.substr(from, req.find_first_of(" \r\n", from) - from);
+  target = target.substr(0, target.find('?'));  // a scraper's query string
+  const bool get = head || req.rfind("GET ", 0) == 0;
+  if (get && target == "/metrics") {
     body = metrics_();
-  } else if (req.rfind("GET /healthz", 0) == 0) {
+  } else if (get && target == "/healthz") {
     body = "ok\n";
   } else {
     status = "404 Not Found";
@@ -121,7 +128,7 @@ void HttpServer::Serve(int client) {
   }
   std::string resp = absl::StrCat("HTTP/1.0 ", status, "\r\nContent-Type: ", type,
                                   "\r\nContent-Length: ", body.size(),
-                                  "\r\nConnection: close\r\n\r\n", body);
+                                  "\r\nConnection: close\r\n\r\n", head ? "" : body);
   // Same deadline for the answer: a scraper that stops reading must not
   // hold the serving thread (and so shutdown). MSG_NOSIGNAL: no SIGPIPE.
   size_t off = 0;

@@ -1,12 +1,14 @@
 #include "service/kernel_backend.h"
 
+#include <glog/logging.h>
+
 #include <algorithm>
-#include <iostream>
 
 #include "absl/hash/hash.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "service/logging.h"
 #include "service/remote_hook.h"
 
 namespace kcache {
@@ -18,6 +20,18 @@ namespace {
 // device kind), the plain one before.
 std::string DeviceTargetArch(const DeviceInfo& d) {
   return d.cc_major >= 9 ? absl::StrCat(d.arch, "a") : d.arch;
+}
+
+// What a compile log line calls the kernel: the spec's kind, or the raw format.
+std::string KindOf(const ResolvedRequest& r) {
+  if (r.raw != nullptr) return "raw";
+  return r.id.normalized.backward() ? "attention_bwd" : "attention";
+}
+
+// "key=... arch=... queue=... kind=...": the part every compile line shares.
+std::string CompileFields(const ResolvedRequest& r) {
+  return absl::StrCat("key=", KeyPrefix(r.id.key), " arch=", r.id.arch, " queue=", r.queue,
+                      " kind=", KindOf(r));
 }
 
 }  // namespace
@@ -42,6 +56,19 @@ KernelBackend::KernelBackend(BackendDeps deps) : deps_(std::move(deps)) {
                      {0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 16});
   compile_seconds_ = m.GetHistogram("kcache_compile_seconds", "Compile + verify + publish time",
                                     {0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32, 64, 128});
+  const char* outcomes[] = {"hit", "compiled", "waited", "failed"};
+  for (int i = 0; i < 4; ++i) {
+    request_seconds_[i] = m.GetHistogram(
+        "kcache_get_kernel_seconds",
+        "GetKernel and GetKernelStream latency, from arrival to answer, by outcome",
+        {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120,
+         300, 600},
+        absl::StrCat("outcome=\"", outcomes[i], "\""));
+  }
+}
+
+void KernelBackend::ObserveRequest(Outcome outcome, absl::Duration latency) {
+  request_seconds_[static_cast<int>(outcome)]->Observe(absl::ToDoubleSeconds(latency));
 }
 
 absl::StatusOr<ResolvedRequest> KernelBackend::Resolve(const v1::GetKernelRequest& request) const {
@@ -57,7 +84,9 @@ absl::StatusOr<ResolvedRequest> KernelBackend::Resolve(const v1::GetKernelReques
                        deps_.raw_toolchain_status.message()));
     }
   } else if (!deps_.toolchain_status.ok()) {
-    return absl::UnavailableError(
+    // Not UNAVAILABLE: retrying does not help until an operator installs
+    // NVRTC (or fixes --nvrtc_path) and restarts the daemon.
+    return absl::FailedPreconditionError(
         absl::StrCat("this daemon cannot compile: ", deps_.toolchain_status.message()));
   }
   if (!request.has_spec() && !request.has_raw()) {
@@ -116,7 +145,7 @@ absl::StatusOr<ResolvedRequest> KernelBackend::Resolve(const v1::GetKernelReques
 }
 
 CompileResult KernelBackend::Compile(const ResolvedRequest& r, absl::Time compile_deadline,
-                                     const ReportFn& report) {
+                                     const ReportFn& report, std::atomic<bool>* compiled) {
   auto existing = deps_.store->Lookup(r.id.key);
   if (existing.ok() && *existing != nullptr) return *std::move(existing);
   // Remote tier: another node's result, or the fleet lease to compile (held
@@ -127,12 +156,21 @@ CompileResult KernelBackend::Compile(const ResolvedRequest& r, absl::Time compil
     absl::Time now = absl::Now();
     EntryRef e = FetchOrClaim(*deps_.remote, *deps_.store, r.id.key,
                               now + (compile_deadline - now) / 2, &lease);
-    if (e != nullptr) return e;
+    if (e != nullptr) {
+      LOG(INFO) << "compile " << CompileFields(r) << " outcome=remote duration="
+                << LogSeconds(absl::Now() - now) << " (another node's compile, from the shared tier)";
+      return e;
+    }
   }
   const absl::Time start = absl::Now();
+  if (compiled != nullptr) compiled->store(true);
   compiles_->Inc();
+  VLOG(1) << "compile " << CompileFields(r) << " started";
   auto fail = [&](absl::Status st) -> CompileResult {
     compile_failures_->Inc();
+    LOG(WARNING) << "compile " << CompileFields(r) << " outcome=failed duration="
+                 << LogSeconds(absl::Now() - start) << " code="
+                 << absl::StatusCodeToString(st.code()) << " error=" << LogQuote(st.message());
     return st;
   };
   auto build = r.raw != nullptr
@@ -154,7 +192,6 @@ CompileResult KernelBackend::Compile(const ResolvedRequest& r, absl::Time compil
         // Not published: every waiter gets this error, and the next request
         // for the key compiles again.
         numeric_failures_->Inc();
-        std::cerr << "kcached: " << check.status().message() << "\n";
         return fail(check.status());
       }
       numeric_check_seconds_->Observe(check->check_time_us() / 1e6);
@@ -166,15 +203,20 @@ CompileResult KernelBackend::Compile(const ResolvedRequest& r, absl::Time compil
   }
   auto entry = deps_.store->Publish(std::move(build->record), std::move(build->cubin));
   if (!entry.ok()) return fail(entry.status());
-  compile_seconds_->Observe(absl::ToDoubleSeconds(absl::Now() - start));
+  const absl::Duration took = absl::Now() - start;
+  compile_seconds_->Observe(absl::ToDoubleSeconds(took));
+  LOG(INFO) << "compile " << CompileFields(r) << " outcome=compiled duration=" << LogSeconds(took)
+            << " cubin_bytes=" << (*entry)->cubin.size()
+            << " verified=" << ((*entry)->record.verified() ? "yes" : "no");
   if (deps_.remote != nullptr) deps_.remote->Publish(**entry);
   return *std::move(entry);
 }
 
 JobFn KernelBackend::MakeJob(std::shared_ptr<const ResolvedRequest> r,
-                             absl::Time compile_deadline) {
-  return [this, r, compile_deadline](const ReportFn& report) {
-    return Compile(*r, compile_deadline, report);
+                             absl::Time compile_deadline,
+                             std::shared_ptr<std::atomic<bool>> compiled) {
+  return [this, r, compile_deadline, compiled](const ReportFn& report) {
+    return Compile(*r, compile_deadline, report, compiled.get());
   };
 }
 
@@ -206,7 +248,9 @@ absl::StatusOr<KernelBackend::Pending> KernelBackend::Begin(const v1::GetKernelR
   sreq.queue = shared->queue;
   sreq.priority = Priority::kInteractive;
   sreq.deadline = deadline;
-  sreq.job = MakeJob(shared, std::min(deadline, cap));
+  auto compiled = std::make_shared<std::atomic<bool>>(false);
+  pending.compiled_here = compiled;
+  sreq.job = MakeJob(shared, std::min(deadline, cap), compiled);
   sreq.progress = std::move(progress);
   auto ticket = deps_.scheduler->Submit(std::move(sreq));
   if (!ticket.ok()) return ticket.status();

@@ -85,12 +85,23 @@ class KernelBackend {
   struct Pending {
     KernelAnswer answer;
     std::unique_ptr<Ticket> ticket;
+    // Set (before the ticket's outcome) when this request's own job ran the
+    // compile; false at the outcome: it joined another request's compile, or
+    // got another node's result. For the latency histogram's outcome.
+    std::shared_ptr<const std::atomic<bool>> compiled_here;
   };
   // `progress` (optional) receives the scheduler's events for this waiter.
   absl::StatusOr<Pending> Begin(const v1::GetKernelRequest& request, absl::Time deadline,
                                 ProgressFn progress = nullptr);
   // Turns a finished ticket's result into an answer.
   static absl::StatusOr<KernelAnswer> Answer(CompileResult result);
+
+  // How a GetKernel call ended, for kcache_get_kernel_seconds{outcome}: a
+  // hit; a miss whose compile this call started ("compiled") or joined
+  // ("waited"); anything else, refusals included ("failed").
+  enum class Outcome { kHit, kCompiled, kWaited, kFailed };
+  // Records one call's latency (from its arrival to its answer).
+  void ObserveRequest(Outcome outcome, absl::Duration latency);
 
   v1::PrefetchResponse Prefetch(const v1::PrefetchRequest& request);
 
@@ -105,9 +116,11 @@ class KernelBackend {
   // Compiles, verifies and publishes one resolved request; runs as a
   // scheduler job. Re-checks the store first: a request that missed just
   // before another compile of the key was published must not compile again.
+  // Sets `*compiled` (when given) once it starts compiling for real.
   CompileResult Compile(const ResolvedRequest& r, absl::Time compile_deadline,
-                        const ReportFn& report);
-  JobFn MakeJob(std::shared_ptr<const ResolvedRequest> r, absl::Time compile_deadline);
+                        const ReportFn& report, std::atomic<bool>* compiled);
+  JobFn MakeJob(std::shared_ptr<const ResolvedRequest> r, absl::Time compile_deadline,
+                std::shared_ptr<std::atomic<bool>> compiled = nullptr);
 
   const BackendDeps deps_;
   std::vector<DeviceInfo> devices_;  // empty in compile-only mode
@@ -121,6 +134,7 @@ class KernelBackend {
   Histogram* compile_seconds_;
   Counter* numeric_failures_;
   Histogram* numeric_check_seconds_;
+  Histogram* request_seconds_[4];  // by Outcome
 };
 
 }  // namespace kcache

@@ -1,10 +1,13 @@
 // kcached: the kcache node daemon. A thin main over service/daemon.h.
+#include <glog/logging.h>
+
 #include <csignal>
 #include <iostream>
 
 #include "absl/synchronization/mutex.h"
 #include "service/config.h"
 #include "service/daemon.h"
+#include "service/logging.h"
 
 int main(int argc, char** argv) {
   // Debian's abseil is built without NDEBUG, which leaves absl::Mutex's
@@ -14,6 +17,7 @@ int main(int argc, char** argv) {
   // point of contention between server threads (bench/service). Lock order is
   // checked by -Wthread-safety and by the unit tests, which keep the detector.
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+  kcache::InitDaemonLogging(argv[0]);
   auto config = kcache::ParseDaemonConfig(std::vector<std::string>(argv + 1, argv + argc));
   if (!config.ok()) {
     bool help = config.status().code() == absl::StatusCode::kCancelled;
@@ -21,6 +25,7 @@ int main(int argc, char** argv) {
                                    << (help ? "" : "\n");
     return help ? 0 : 2;
   }
+  (void)kcache::SetLogLevel(config->log_level());  // validated with the configuration
   // Signals are taken synchronously by this thread, so shutdown runs here
   // and not in a handler.
   sigset_t set;
@@ -32,7 +37,7 @@ int main(int argc, char** argv) {
 
   auto daemon = kcache::Daemon::Start(*config);
   if (!daemon.ok()) {
-    std::cerr << "kcached: " << daemon.status().message() << "\n";
+    LOG(ERROR) << "cannot start: " << daemon.status().message();
     // InvalidArgument is a configuration error found at start (an unreadable
     // or empty token or TLS file, a bad --metrics_address, a --socket_path
     // that is not a socket): restarting will not fix it, and exit 2 tells
@@ -41,12 +46,12 @@ int main(int argc, char** argv) {
   }
   int sig = 0;
   sigwait(&set, &sig);
-  std::cerr << "kcached: signal " << sig << ", shutting down" << std::endl;
+  LOG(INFO) << "signal " << sig << ", shutting down";
   absl::Status st = (*daemon)->Shutdown();
   if (!st.ok()) {
-    std::cerr << "kcached: shutdown: " << st.message() << "\n";
+    LOG(ERROR) << "shutdown: " << st.message();
     return 1;
   }
-  std::cerr << "kcached: stopped" << std::endl;
+  LOG(INFO) << "stopped";
   return 0;
 }

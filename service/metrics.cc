@@ -1,6 +1,7 @@
 #include "service/metrics.h"
 
 #include <cmath>
+#include <cstdlib>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -66,6 +67,16 @@ void MetricsRegistry::AddGauge(const std::string& name, const std::string& help,
   f.gauge = std::move(read);
 }
 
+void MetricsRegistry::AddCounterFunc(
+    const std::string& name, const std::string& help,
+    std::function<std::vector<std::pair<std::string, double>>()> read) {
+  absl::MutexLock lock(&mu_);
+  Family& f = families_[name];
+  f.help = help;
+  f.type = "counter";
+  f.gauge = std::move(read);
+}
+
 namespace {
 std::string WithLabels(const std::string& name, const std::string& labels,
                        const std::string& extra = "") {
@@ -73,8 +84,15 @@ std::string WithLabels(const std::string& name, const std::string& labels,
   if (!extra.empty()) all = all.empty() ? extra : absl::StrCat(all, ",", extra);
   return all.empty() ? name : absl::StrCat(name, "{", all, "}");
 }
+// The shortest decimal that reads back as `v`: "0.1", "2.5", "600", "1e-05".
 std::string Num(double v) {
   if (std::isinf(v)) return v > 0 ? "+Inf" : "-Inf";
+  if (std::isnan(v)) return "NaN";
+  if (v == std::floor(v) && std::fabs(v) < 1e15) return absl::StrFormat("%.0f", v);  // not 6e+02
+  for (int precision = 1; precision < 17; ++precision) {
+    std::string s = absl::StrFormat("%.*g", precision, v);
+    if (std::strtod(s.c_str(), nullptr) == v) return s;
+  }
   return absl::StrFormat("%.17g", v);
 }
 }  // namespace

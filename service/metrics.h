@@ -57,8 +57,14 @@ class MetricsRegistry {
   // with no registry lock held; it must be thread-safe.
   void AddGauge(const std::string& name, const std::string& help,
                 std::function<std::vector<std::pair<std::string, double>>()> read);
+  // A counter kept elsewhere (a total since start, never decreasing), read
+  // at scrape time as AddGauge's are; `name` ends in _total.
+  void AddCounterFunc(const std::string& name, const std::string& help,
+                      std::function<std::vector<std::pair<std::string, double>>()> read);
 
-  // Text exposition format 0.0.4.
+  // Text exposition format 0.0.4. Numbers, bucket bounds (`le`) included,
+  // in their shortest form that reads back as the same double ("0.1", not
+  // "0.10000000000000001").
   std::string Render() const;
 
  private:

@@ -1,15 +1,16 @@
 #include "service/remote_hook.h"
 
+#include <glog/logging.h>
 #include <unistd.h>
 
 #include <fstream>
-#include <iostream>
 #include <random>
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "cache/remote/remote_tier.h"
+#include "service/logging.h"
 
 namespace kcache {
 
@@ -31,8 +32,8 @@ EntryRef FetchOrClaim(SharedTier& tier, Store& store, std::string_view key, absl
   auto stored = store.Publish(std::move(record), remote->cubin);
   if (stored.ok()) return *std::move(stored);
   // Verified already: serve it even if the local store cannot take it now.
-  std::cerr << "kcached: remote tier: storing a fetched entry locally failed: "
-            << stored.status().message() << std::endl;
+  LOG(WARNING) << "remote tier: storing a fetched entry locally failed: key="
+               << KeyPrefix(key) << " error=" << LogQuote(stored.status().message());
   return remote;
 }
 
@@ -60,9 +61,9 @@ absl::StatusOr<std::unique_ptr<SharedTier>> MakeSharedTier(const v1::DaemonConfi
   char host[256] = {};
   gethostname(host, sizeof(host) - 1);
   o.node_id = absl::StrCat(host, ":", getpid(), ":", std::random_device()());
-  std::cerr << "kcached: remote tier " << address->ToString() << " (timeout "
+  LOG(INFO) << "remote tier " << address->ToString() << " (timeout "
             << absl::FormatDuration(o.redis.timeout) << ", lease "
-            << absl::FormatDuration(o.lease_ttl) << ")" << std::endl;
+            << absl::FormatDuration(o.lease_ttl) << ")";
   return std::unique_ptr<SharedTier>(std::make_unique<RemoteTier>(std::move(o)));
 }
 
@@ -72,10 +73,12 @@ void AddRemoteMetrics(MetricsRegistry& metrics, const SharedTier* tier) {
     tier->FillStats(&s);
     return std::vector<std::pair<std::string, double>>{{"", s.connected() ? 1.0 : 0.0}};
   });
-  metrics.AddGauge(
-      "kcache_remote_events",
-      "Remote tier counters since start (kind: hits, misses, errors, bad_entries, publishes, "
-      "leases, lease_waits, takeovers, wait_timeouts, bytes_read, bytes_written, reconnects)",
+  // Counts and bytes apart (a metric has one unit); both are totals since
+  // start, so counters.
+  metrics.AddCounterFunc(
+      "kcache_remote_events_total",
+      "Remote tier events since start, by kind (hits, misses, errors, bad_entries, publishes, "
+      "leases, lease_waits, takeovers, wait_timeouts, reconnects)",
       [tier] {
         v1::RemoteTierStats s;
         tier->FillStats(&s);
@@ -92,10 +95,17 @@ void AddRemoteMetrics(MetricsRegistry& metrics, const SharedTier* tier) {
         add("lease_waits", s.lease_waits());
         add("takeovers", s.takeovers());
         add("wait_timeouts", s.wait_timeouts());
-        add("bytes_read", s.bytes_read());
-        add("bytes_written", s.bytes_written());
         add("reconnects", s.reconnects());
         return out;
+      });
+  metrics.AddCounterFunc(
+      "kcache_remote_bytes_total", "Bytes read from and written to the remote tier since start",
+      [tier] {
+        v1::RemoteTierStats s;
+        tier->FillStats(&s);
+        return std::vector<std::pair<std::string, double>>{
+            {"direction=\"read\"", static_cast<double>(s.bytes_read())},
+            {"direction=\"written\"", static_cast<double>(s.bytes_written())}};
       });
 }
 

@@ -375,8 +375,8 @@ TEST(RemoteTierE2E, PasswordFromFileAndBadRemoteFlags) {
   EXPECT_THAT(ReadFileOrEmpty(a->log_path()), ::testing::Not(::testing::HasSubstr("fleet-secret")));
   std::string metrics = ScrapeMetrics(*a);
   EXPECT_THAT(metrics, ::testing::HasSubstr("kcache_remote_connected 1"));
-  EXPECT_THAT(metrics, ::testing::HasSubstr("kcache_remote_events{kind=\"publishes\"} 1"));
-  EXPECT_THAT(metrics, ::testing::HasSubstr("kcache_remote_events{kind=\"misses\"} 1"));
+  EXPECT_THAT(metrics, ::testing::HasSubstr("kcache_remote_events_total{kind=\"publishes\"} 1"));
+  EXPECT_THAT(metrics, ::testing::HasSubstr("kcache_remote_events_total{kind=\"misses\"} 1"));
 
   for (const std::string& bad : {std::string("--remote=http://127.0.0.1:1"),
                                  std::string("--remote=redis://u:pw@127.0.0.1:1")}) {

@@ -135,8 +135,8 @@ TEST(LimitsE2E, MemoryAndCpuLimitsFailNamingLimitAndKeyWhileHitsAndOtherCompiles
   unsetenv("KCACHE_TEST_RAW_FAULTS");
   if (HasFatalFailure()) return;
   const std::string log_at_start = ReadFileOrEmpty(d.log_path());
-  EXPECT_THAT(log_at_start, HasSubstr("kcached: compile worker limits: address space"));
-  EXPECT_THAT(log_at_start, HasSubstr("kcached: compile worker sandbox: network "));
+  EXPECT_THAT(log_at_start, HasSubstr("] compile worker limits: address space"));
+  EXPECT_THAT(log_at_start, HasSubstr("] compile worker sandbox: network "));
 
   // A kernel to hit while the limits are hit.
   Call warm = Get(d, Attention(0));

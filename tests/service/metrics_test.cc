@@ -9,6 +9,7 @@ namespace kcache {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 TEST(Metrics, RendersCountersHistogramsAndGauges) {
   MetricsRegistry m;
@@ -28,6 +29,31 @@ TEST(Metrics, RendersCountersHistogramsAndGauges) {
   EXPECT_THAT(text, HasSubstr("kcache_compile_seconds_count 3\n"));
   EXPECT_THAT(text, HasSubstr("kcache_compile_seconds_sum 11\n"));
   EXPECT_THAT(text, HasSubstr("kcache_queue_depth{queue=\"gpu0\"} 2\n"));
+}
+
+// Bucket bounds and values print in their shortest exact form (Prometheus
+// reads `le="0.10000000000000001"` as another bucket than `le="0.1"`).
+TEST(Metrics, NumbersPrintCleanly) {
+  MetricsRegistry m;
+  Histogram* h = m.GetHistogram("kcache_x_seconds", "X", {0.0005, 0.1, 0.25, 2.5, 600},
+                                "outcome=\"hit\"");
+  h->Observe(0.3);
+  m.AddGauge("kcache_g", "G", [] {
+    return std::vector<std::pair<std::string, double>>{{"", 0.1}, {"k=\"b\"", 1e-7}};
+  });
+  m.AddCounterFunc("kcache_c_total", "C", [] {
+    return std::vector<std::pair<std::string, double>>{{"kind=\"a\"", 12}};
+  });
+  std::string text = m.Render();
+  EXPECT_THAT(text, HasSubstr("kcache_x_seconds_bucket{outcome=\"hit\",le=\"0.0005\"} 0\n"));
+  EXPECT_THAT(text, HasSubstr("kcache_x_seconds_bucket{outcome=\"hit\",le=\"0.1\"} 0\n"));
+  EXPECT_THAT(text, HasSubstr("kcache_x_seconds_bucket{outcome=\"hit\",le=\"2.5\"} 1\n"));
+  EXPECT_THAT(text, HasSubstr("kcache_x_seconds_bucket{outcome=\"hit\",le=\"600\"} 1\n"));
+  EXPECT_THAT(text, HasSubstr("kcache_x_seconds_sum{outcome=\"hit\"} 0.3\n"));
+  EXPECT_THAT(text, HasSubstr("kcache_g 0.1\n"));
+  EXPECT_THAT(text, HasSubstr("kcache_g{k=\"b\"} 1e-07\n"));
+  EXPECT_THAT(text, HasSubstr("# TYPE kcache_c_total counter\nkcache_c_total{kind=\"a\"} 12\n"));
+  EXPECT_THAT(text, Not(HasSubstr("0000000")));
 }
 
 TEST(DaemonConfig, FlagsOverrideDefaultsAndBadFlagsAreNamed) {
@@ -65,7 +91,7 @@ TEST(DaemonConfig, FlagsOverrideDefaultsAndBadFlagsAreNamed) {
 namespace kcache {
 namespace {
 
-std::string HttpGet(int port, const std::string& path) {
+std::string HttpGet(int port, const std::string& path, const std::string& method = "GET") {
   int fd = socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
@@ -75,7 +101,7 @@ std::string HttpGet(int port, const std::string& path) {
     close(fd);
     return "connect failed";
   }
-  std::string req = "GET " + path + " HTTP/1.0\r\n\r\n";
+  std::string req = method + " " + path + " HTTP/1.0\r\n\r\n";
   (void)!write(fd, req.data(), req.size());
   std::string resp;
   char buf[4096];
@@ -95,6 +121,15 @@ TEST(HttpServer, ServesMetricsAndHealthAndRefusesTheRest) {
   EXPECT_THAT(m, HasSubstr("\r\n\r\nkcache_up 1\n"));
   EXPECT_THAT(HttpGet(port, "/healthz"), HasSubstr("200 OK"));
   EXPECT_THAT(HttpGet(port, "/secrets"), HasSubstr("404"));
+  // HEAD: the same status and headers, no body.
+  std::string head = HttpGet(port, "/metrics", "HEAD");
+  EXPECT_THAT(head, HasSubstr("HTTP/1.0 200 OK\r\n"));
+  EXPECT_THAT(head, HasSubstr("Content-Length: 12\r\n"));
+  EXPECT_EQ(head.substr(head.size() - 4), "\r\n\r\n");
+  EXPECT_THAT(HttpGet(port, "/healthz", "HEAD"), HasSubstr("200 OK"));
+  EXPECT_THAT(HttpGet(port, "/metrics?x=1"), HasSubstr("\r\n\r\nkcache_up 1\n"));
+  EXPECT_THAT(HttpGet(port, "/metricsfoo"), HasSubstr("404"));
+  EXPECT_THAT(HttpGet(port, "/metrics", "POST"), HasSubstr("404"));
   // A client that connects and sends nothing is dropped after 2 s; the
   // server still answers the next one.
   int idle = socket(AF_INET, SOCK_STREAM, 0);

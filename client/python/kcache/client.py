@@ -18,12 +18,20 @@ fetched the same way, with the daemon's admin token (admin_token or admin_token_
 here, or per call) sent as "authorization: Bearer <token>" on raw requests only; the
 daemon's refusals are PermissionDenied and RawKernelsDisabled.
 
+Progress: a kernel the daemon has to compile is asked for over GetKernelStream, and
+one that is not ready after `progress_after` seconds (2 by default) is reported on the
+"kcache" logger at INFO: what is compiled, for which architecture, the phase (queued
+with its position, compiling, verifying), every `progress_every` seconds (10) and at
+each phase change, then once more when it is ready or fails. Faster answers (a hit, a
+quick compile) log nothing. Show them with logging.basicConfig(level=logging.INFO).
+
 Ownership: loaded modules live until close() (unloaded then, in their own
 contexts; close the client before destroying those contexts).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import threading
@@ -152,6 +160,92 @@ class KernelResult:
             self.record.verified)
 
 
+_log = logging.getLogger("kcache")
+
+_PHASES = {1: "queued", 2: "compiling", 3: "verifying", 4: "done", 5: "failed"}
+
+
+def _describe(req) -> str:
+    """What a request asks for, for progress lines: "attention bf16 d128 causal" or "raw ptx"."""
+    if req.HasField("raw"):
+        pb = _protos.modules()[0]
+        return "raw %s kernel" % pb.RawKernel.Format.Name(req.raw.format).replace(
+            "FORMAT_", "").lower()
+    spec = req.spec
+    pb = _protos.modules()[0]
+    dtype = pb.DType.Name(spec.dtype).replace("DTYPE_", "").lower()
+    mask = spec.mask.WhichOneof("kind") if spec.HasField("mask") else None
+    return "attention %s d%d%s%s" % (dtype, spec.head_dim_qk, " " + mask if mask else "",
+                                     " backward" if spec.backward else "")
+
+
+class _Progress:
+    """Logs a compile that takes longer than `after` seconds (see the module's docstring).
+
+    Events come from the thread reading the stream; the timer runs on its own thread.
+    """
+
+    def __init__(self, req, target: str, after: float, every: float) -> None:
+        self._what = "%s for %s" % (_describe(req), req.target.arch or
+                                    "device %d" % req.target.device)
+        self._target = target
+        self._every = every
+        self._start = time.monotonic()
+        self._lock = threading.Lock()
+        self._phase = "waiting"   # guarded by _lock
+        self._logged = False      # guarded by _lock
+        self._stopped = False     # guarded by _lock
+        self._timer: Optional[threading.Timer] = None
+        self._arm(after)
+
+    def _arm(self, delay: float) -> None:
+        t = threading.Timer(delay, self._tick)
+        t.daemon = True
+        with self._lock:
+            if self._stopped:
+                return
+            self._timer = t
+        t.start()
+
+    def _line(self) -> str:
+        return "%s: %s (%.0f s)" % (self._what, self._phase,
+                                             time.monotonic() - self._start)
+
+    def _tick(self) -> None:
+        with self._lock:
+            if self._stopped:
+                return
+            self._logged = True
+            line = self._line()
+        _log.info("%s; daemon %s", line, self._target)
+        self._arm(self._every)
+
+    def update(self, progress) -> None:
+        phase = _PHASES.get(progress.phase, "waiting")
+        if progress.phase == 1:
+            phase = "queued, %d ahead on %s" % (progress.queue_position, progress.queue)
+        elif progress.queue:
+            phase = "%s on %s" % (phase, progress.queue)
+        with self._lock:
+            changed = phase != self._phase
+            self._phase = phase
+            log = changed and self._logged and not self._stopped
+            line = self._line()
+        if log:
+            _log.info("%s", line)
+
+    def stop(self, outcome: Optional[str]) -> None:
+        """Ends the reports; `outcome` ("ready", "failed: ...") is logged if anything was."""
+        with self._lock:
+            self._stopped = True
+            timer, logged = self._timer, self._logged
+        if timer is not None:
+            timer.cancel()
+        if logged and outcome:
+            _log.info("%s: %s after %.1f s", self._what, outcome,
+                      time.monotonic() - self._start)
+
+
 class _Flight:
     """One in-progress fetch or load; its waiters share the outcome."""
 
@@ -171,12 +265,15 @@ class Client:
                  initial_backoff: float = 0.02, max_backoff: float = 1.0,
                  connect_timeout: float = 10.0,
                  max_message_bytes: int = 64 << 20, admin_token: Optional[str] = None,
-                 admin_token_path: Optional[str] = None) -> None:
+                 admin_token_path: Optional[str] = None, progress_after: float = 2.0,
+                 progress_every: float = 10.0) -> None:
         """`admin_token` (or a file holding it, `admin_token_path`, read here with surrounding
         whitespace stripped as kcached reads its own) is sent with raw-kernel requests only.
         Without `target` the daemon is found by discover_target(). Before any RPC a unix:
         socket is checked (probe_target); `connect_timeout` bounds the wait for a daemon that
-        refuses (restarting), separately from the compile deadline."""
+        refuses (restarting), separately from the compile deadline. A compile not done after
+        `progress_after` seconds is reported on the "kcache" logger every `progress_every`
+        seconds (module docstring)."""
         from kcache import _warm
         _warm.wait()
         import grpc
@@ -206,6 +303,8 @@ class Client:
         self.initial_backoff = float(initial_backoff)
         self.max_backoff = float(max_backoff)
         self.connect_timeout = float(connect_timeout)
+        self.progress_after = float(progress_after)
+        self.progress_every = float(progress_every)
         self._reached = False  # the daemon answered once: a missing socket later is a restart
         self._channel = grpc.insecure_channel(target, options=[
             ("grpc.max_receive_message_length", max_message_bytes),
@@ -340,7 +439,7 @@ class Client:
             with self._lock:
                 self._rpcs += 1
             try:
-                return self._stub.GetKernel(req, timeout=remaining, metadata=metadata)
+                return self._get_kernel(req, remaining, metadata)
             except grpc.RpcError as e:
                 code = e.code()
                 # CANCELLED too: this client never cancels a call, so it is the daemon
@@ -374,6 +473,30 @@ class Client:
                 self.target, last.details()), "RESOURCE_EXHAUSTED")
         raise errors.Unavailable("no kcache daemon at %s answered before the deadline%s" % (
             self.target, ": " + last.details() if last is not None else ""))
+
+    def _get_kernel(self, req, timeout, metadata):
+        """One GetKernelStream call: its result (a GetKernelResponse), reporting the progress
+        of a compile that outlasts progress_after; a failed call raises its grpc.RpcError."""
+        stream = self._stub.GetKernelStream(req, timeout=timeout, metadata=metadata)
+        progress = None
+        outcome = None
+        try:
+            for event in stream:
+                if event.HasField("result"):
+                    outcome = "ready"
+                    return event.result
+                if progress is None:  # a miss: the daemon compiles, or waits for a compile
+                    progress = _Progress(req, self.target, self.progress_after,
+                                         self.progress_every)
+                progress.update(event.progress)
+        except self._grpc.RpcError as e:
+            outcome = "failed: %s" % (e.details() or e.code().name)
+            raise
+        finally:
+            if progress is not None:
+                progress.stop(outcome)
+        raise errors.KcacheError("kcache: the daemon at %s ended GetKernelStream without a "
+                                 "result" % self.target, "INTERNAL")
 
     def _error(self, e, raw=False, token_sent=False):
         """The one adapter from grpc.RpcError to kcache.errors."""

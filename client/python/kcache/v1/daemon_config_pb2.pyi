@@ -5,7 +5,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class DaemonConfig(_message.Message):
-    __slots__ = ["admin_token_path", "compile_limit_address_space_bytes", "compile_limit_cpu_seconds", "compile_limit_output_bytes", "compile_only", "compile_threads", "compile_workers", "default_deadline_ms", "enable_raw_kernels", "error_memo_ms", "eviction_grace_ms", "eviction_interval_ms", "max_expr_depth", "max_expr_nodes", "max_message_bytes", "max_prefetch_requests", "max_queue_depth", "max_raw_kernel_names", "max_raw_source_bytes", "max_store_bytes", "memory_cache_bytes", "metrics_address", "nvjitlink_path", "nvrtc_path", "remote", "remote_lease_ms", "remote_password_file", "remote_timeout_ms", "shutdown_grace_ms", "socket_path", "stats_flush_ms", "store_path", "tcp_address", "tls_cert_path", "tls_key_path", "toolchain_salt", "worker_path"]
+    __slots__ = ["admin_token_path", "compile_limit_address_space_bytes", "compile_limit_cpu_seconds", "compile_limit_output_bytes", "compile_only", "compile_threads", "compile_workers", "default_deadline_ms", "enable_raw_kernels", "error_memo_ms", "eviction_grace_ms", "eviction_interval_ms", "log_level", "max_expr_depth", "max_expr_nodes", "max_message_bytes", "max_prefetch_requests", "max_queue_depth", "max_raw_kernel_names", "max_raw_source_bytes", "max_store_bytes", "memory_cache_bytes", "metrics_address", "nvjitlink_path", "nvrtc_path", "remote", "remote_lease_ms", "remote_password_file", "remote_timeout_ms", "shutdown_grace_ms", "socket_path", "stats_flush_ms", "store_path", "tcp_address", "tls_cert_path", "tls_key_path", "toolchain_salt", "worker_path"]
     ADMIN_TOKEN_PATH_FIELD_NUMBER: _ClassVar[int]
     COMPILE_LIMIT_ADDRESS_SPACE_BYTES_FIELD_NUMBER: _ClassVar[int]
     COMPILE_LIMIT_CPU_SECONDS_FIELD_NUMBER: _ClassVar[int]
@@ -18,6 +18,7 @@ class DaemonConfig(_message.Message):
     ERROR_MEMO_MS_FIELD_NUMBER: _ClassVar[int]
     EVICTION_GRACE_MS_FIELD_NUMBER: _ClassVar[int]
     EVICTION_INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
+    LOG_LEVEL_FIELD_NUMBER: _ClassVar[int]
     MAX_EXPR_DEPTH_FIELD_NUMBER: _ClassVar[int]
     MAX_EXPR_NODES_FIELD_NUMBER: _ClassVar[int]
     MAX_MESSAGE_BYTES_FIELD_NUMBER: _ClassVar[int]
@@ -55,6 +56,7 @@ class DaemonConfig(_message.Message):
     error_memo_ms: int
     eviction_grace_ms: int
     eviction_interval_ms: int
+    log_level: str
     max_expr_depth: int
     max_expr_nodes: int
     max_message_bytes: int
@@ -80,4 +82,4 @@ class DaemonConfig(_message.Message):
     tls_key_path: str
     toolchain_salt: str
     worker_path: str
-    def __init__(self, store_path: _Optional[str] = ..., memory_cache_bytes: _Optional[int] = ..., max_store_bytes: _Optional[int] = ..., eviction_grace_ms: _Optional[int] = ..., stats_flush_ms: _Optional[int] = ..., socket_path: _Optional[str] = ..., tcp_address: _Optional[str] = ..., tls_cert_path: _Optional[str] = ..., tls_key_path: _Optional[str] = ..., admin_token_path: _Optional[str] = ..., metrics_address: _Optional[str] = ..., nvrtc_path: _Optional[str] = ..., compile_threads: _Optional[int] = ..., compile_workers: _Optional[int] = ..., compile_only: bool = ..., max_queue_depth: _Optional[int] = ..., error_memo_ms: _Optional[int] = ..., default_deadline_ms: _Optional[int] = ..., worker_path: _Optional[str] = ..., toolchain_salt: _Optional[str] = ..., max_message_bytes: _Optional[int] = ..., max_expr_nodes: _Optional[int] = ..., max_expr_depth: _Optional[int] = ..., shutdown_grace_ms: _Optional[int] = ..., eviction_interval_ms: _Optional[int] = ..., enable_raw_kernels: bool = ..., max_raw_source_bytes: _Optional[int] = ..., max_raw_kernel_names: _Optional[int] = ..., nvjitlink_path: _Optional[str] = ..., max_prefetch_requests: _Optional[int] = ..., remote: _Optional[str] = ..., remote_password_file: _Optional[str] = ..., remote_timeout_ms: _Optional[int] = ..., remote_lease_ms: _Optional[int] = ..., compile_limit_address_space_bytes: _Optional[int] = ..., compile_limit_cpu_seconds: _Optional[int] = ..., compile_limit_output_bytes: _Optional[int] = ...) -> None: ...
+    def __init__(self, store_path: _Optional[str] = ..., memory_cache_bytes: _Optional[int] = ..., max_store_bytes: _Optional[int] = ..., eviction_grace_ms: _Optional[int] = ..., stats_flush_ms: _Optional[int] = ..., socket_path: _Optional[str] = ..., tcp_address: _Optional[str] = ..., tls_cert_path: _Optional[str] = ..., tls_key_path: _Optional[str] = ..., admin_token_path: _Optional[str] = ..., metrics_address: _Optional[str] = ..., nvrtc_path: _Optional[str] = ..., compile_threads: _Optional[int] = ..., compile_workers: _Optional[int] = ..., compile_only: bool = ..., max_queue_depth: _Optional[int] = ..., error_memo_ms: _Optional[int] = ..., default_deadline_ms: _Optional[int] = ..., worker_path: _Optional[str] = ..., toolchain_salt: _Optional[str] = ..., max_message_bytes: _Optional[int] = ..., max_expr_nodes: _Optional[int] = ..., max_expr_depth: _Optional[int] = ..., shutdown_grace_ms: _Optional[int] = ..., eviction_interval_ms: _Optional[int] = ..., enable_raw_kernels: bool = ..., max_raw_source_bytes: _Optional[int] = ..., max_raw_kernel_names: _Optional[int] = ..., nvjitlink_path: _Optional[str] = ..., max_prefetch_requests: _Optional[int] = ..., remote: _Optional[str] = ..., remote_password_file: _Optional[str] = ..., remote_timeout_ms: _Optional[int] = ..., remote_lease_ms: _Optional[int] = ..., compile_limit_address_space_bytes: _Optional[int] = ..., compile_limit_cpu_seconds: _Optional[int] = ..., compile_limit_output_bytes: _Optional[int] = ..., log_level: _Optional[str] = ...) -> None: ...

@@ -1,0 +1,166 @@
+// kcached's configuration (issue 19): the YAML file with comments and units,
+// the older JSON form, `--name value` flags, sizes and durations with units,
+// --version. No daemon is started.
+#include "service/config.h"
+
+#include <fstream>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "service/units.h"
+#include "tests/cache/test_util.h"
+
+namespace kcache {
+namespace {
+
+using ::kcache::testing::TempDir;
+using ::testing::HasSubstr;
+using ::testing::MatchesRegex;
+
+std::string Write(const TempDir& dir, const std::string& name, const std::string& text) {
+  const std::string path = dir.Sub(name);
+  std::ofstream(path) << text;
+  return path;
+}
+
+std::string Message(const absl::Status& st) { return std::string(st.message()); }
+
+TEST(Units, SizesAndDurations) {
+  EXPECT_EQ(*ParseSize("1048576"), 1048576u);
+  EXPECT_EQ(*ParseSize("512K"), 512u << 10);
+  EXPECT_EQ(*ParseSize("512MiB"), uint64_t{512} << 20);
+  EXPECT_EQ(*ParseSize("20G"), uint64_t{20} << 30);
+  EXPECT_EQ(*ParseSize("20gb"), uint64_t{20} << 30);
+  EXPECT_EQ(*ParseSize("1T"), uint64_t{1} << 40);
+  EXPECT_FALSE(ParseSize("20X").ok());
+  EXPECT_FALSE(ParseSize("-1G").ok());
+  EXPECT_FALSE(ParseSize("99999999999T").ok());  // overflows
+
+  const absl::Duration ms = absl::Milliseconds(1);
+  EXPECT_EQ(*ParseDurationText("30000", ms), absl::Seconds(30));
+  EXPECT_EQ(*ParseDurationText("500ms", ms), absl::Milliseconds(500));
+  EXPECT_EQ(*ParseDurationText("30s", ms), absl::Seconds(30));
+  EXPECT_EQ(*ParseDurationText("10m", ms), absl::Minutes(10));
+  EXPECT_EQ(*ParseDurationText("1h30m", ms), absl::Minutes(90));
+  EXPECT_EQ(*ParseDurationText("1d", ms), absl::Hours(24));
+  EXPECT_EQ(*ParseDurationText("120", absl::Seconds(1)), absl::Minutes(2));
+  EXPECT_FALSE(ParseDurationText("-5s", ms).ok());
+  EXPECT_FALSE(ParseDurationText("soon", ms).ok());
+  EXPECT_FALSE(ParseDurationText("5 parsecs", ms).ok());
+}
+
+TEST(DaemonConfig, FlagsTakeUnitsAndSpaceSeparatedValues) {
+  auto c = ParseDaemonConfig({"--store_path", "/tmp/s", "--max_store_bytes", "20G",
+                              "--eviction_grace_ms=30m", "--default_deadline_ms", "500ms",
+                              "--compile_limit_cpu_seconds", "2m", "--compile_only",
+                              "--memory_cache_bytes=512MiB", "--log_level", "debug"});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->store_path(), "/tmp/s");
+  EXPECT_EQ(c->max_store_bytes(), uint64_t{20} << 30);
+  EXPECT_EQ(c->eviction_grace_ms(), 30u * 60 * 1000);
+  EXPECT_EQ(c->default_deadline_ms(), 500u);
+  EXPECT_EQ(c->compile_limit_cpu_seconds(), 120u);
+  EXPECT_TRUE(c->compile_only());
+  EXPECT_EQ(c->memory_cache_bytes(), uint64_t{512} << 20);
+  EXPECT_EQ(c->log_level(), "debug");
+
+  // A bool flag alone is true and does not take the next flag as its value;
+  // "--flag false" is read as a value.
+  c = ParseDaemonConfig({"--compile_only", "--max_queue_depth", "7"});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->compile_only());
+  EXPECT_EQ(c->max_queue_depth(), 7u);
+  c = ParseDaemonConfig({"--compile_only", "false"});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_FALSE(c->compile_only());
+  // Plain numbers keep their old unit.
+  c = ParseDaemonConfig({"--error_memo_ms=2500", "--max_store_bytes=1000"});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->error_memo_ms(), 2500u);
+  EXPECT_EQ(c->max_store_bytes(), 1000u);
+
+  EXPECT_THAT(Message(ParseDaemonConfig({"--max_store_bytes", "lots"}).status()),
+              HasSubstr("--max_store_bytes: 'lots' is not a valid size"));
+  EXPECT_THAT(Message(ParseDaemonConfig({"--error_memo_ms", "10 parsecs"}).status()),
+              HasSubstr("--error_memo_ms: '10 parsecs' is not a valid duration"));
+  EXPECT_THAT(Message(ParseDaemonConfig({"--compile_limit_cpu_seconds", "1500ms"}).status()),
+              HasSubstr("not whole seconds"));
+  EXPECT_THAT(Message(ParseDaemonConfig({"--max_message_bytes", "8G"}).status()),
+              HasSubstr("too large"));
+  EXPECT_THAT(Message(ParseDaemonConfig({"--store_path"}).status()),
+              HasSubstr("--store_path: needs a value"));
+}
+
+TEST(DaemonConfig, YamlFileWithCommentsAndUnitsThenFlagsWin) {
+  TempDir dir;
+  const std::string path = Write(dir, "kcached.yaml", R"(# a comment
+store_path: /var/lib/kcache/store   # trailing comment
+max_store_bytes: 20G
+eviction_grace_ms: 1h
+compile_only: true
+log_level: warning
+tcp_address:
+)");
+  auto c = ParseDaemonConfig({"--config", path, "--log_level=error"});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->store_path(), "/var/lib/kcache/store");
+  EXPECT_EQ(c->max_store_bytes(), uint64_t{20} << 30);
+  EXPECT_EQ(c->eviction_grace_ms(), 3600u * 1000);
+  EXPECT_TRUE(c->compile_only());
+  EXPECT_EQ(c->log_level(), "error");   // the flag wins, wherever it stands
+  EXPECT_EQ(c->tcp_address(), "");      // an empty value keeps the default
+  EXPECT_EQ(c->max_queue_depth(), 256u);  // not in the file: the default
+}
+
+TEST(DaemonConfig, OlderJsonFilesReadTheSame) {
+  TempDir dir;
+  // As written before: protobuf's JSON mapping, 64-bit numbers quoted,
+  // camelCase names accepted.
+  const std::string path = Write(dir, "kcached.json", R"({
+  "store_path": "/srv/store",
+  "maxStoreBytes": "1073741824",
+  "error_memo_ms": 2500,
+  "compile_only": true
+})");
+  auto c = ParseDaemonConfig({"--config=" + path});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->store_path(), "/srv/store");
+  EXPECT_EQ(c->max_store_bytes(), uint64_t{1} << 30);
+  EXPECT_EQ(c->error_memo_ms(), 2500u);
+  EXPECT_TRUE(c->compile_only());
+}
+
+TEST(DaemonConfig, FileErrorsNameTheFileLineAndKey) {
+  TempDir dir;
+  auto unknown = ParseDaemonConfig({"--config", Write(dir, "a.yaml", "store_path: /s\nfrobnicate: 1\n")});
+  EXPECT_THAT(Message(unknown.status()), MatchesRegex(".*a\\.yaml:2: unknown field 'frobnicate'.*"));
+  auto bad = ParseDaemonConfig({"--config", Write(dir, "b.yaml", "\n\nmax_store_bytes: many\n")});
+  EXPECT_THAT(Message(bad.status()),
+              MatchesRegex(".*b\\.yaml:3: max_store_bytes: 'many' is not a valid size.*"));
+  auto nested = ParseDaemonConfig({"--config", Write(dir, "c.yaml", "store_path: [a, b]\n")});
+  EXPECT_THAT(Message(nested.status()), HasSubstr("store_path: expected a single value"));
+  auto broken = ParseDaemonConfig({"--config", Write(dir, "d.yaml", "store_path: /s\n  - bad: [\n")});
+  EXPECT_THAT(Message(broken.status()), HasSubstr("d.yaml:"));
+  auto missing = ParseDaemonConfig({"--config", dir.Sub("nope.yaml")});
+  EXPECT_THAT(Message(missing.status()), HasSubstr("cannot read"));
+}
+
+TEST(DaemonConfig, TheExampleFileParses) {
+  auto c = ParseDaemonConfig({"--config", KCACHE_EXAMPLE_CONFIG});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->max_store_bytes(), uint64_t{20} << 30);
+  EXPECT_EQ(c->compile_limit_cpu_seconds(), 120u);
+  EXPECT_EQ(c->socket_path(), "/run/kcache/kcached.sock");
+}
+
+TEST(DaemonConfig, VersionAndHelp) {
+  auto v = ParseDaemonConfig({"--version"});
+  EXPECT_EQ(v.status().code(), absl::StatusCode::kCancelled);
+  EXPECT_THAT(Message(v.status()), MatchesRegex("kcached [0-9]+\\.[0-9]+\\.[0-9]+\nbuild: .*CUDA headers [0-9]+\\.[0-9]+.*\n"));
+  auto help = ParseDaemonConfig({"--help"});
+  EXPECT_THAT(Message(help.status()), HasSubstr("--max_store_bytes (size: bytes, or 512K"));
+  EXPECT_THAT(Message(help.status()), HasSubstr("--error_memo_ms (duration: milliseconds, or 500ms"));
+}
+
+}  // namespace
+}  // namespace kcache
