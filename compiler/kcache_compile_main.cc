@@ -38,6 +38,7 @@ constexpr char kUsage[] =
     "  --source   write the generated CUDA translation unit here\n"
     "  --source-only  with --source: stop after writing it (no NVRTC compile)\n"
     "  --nvrtc    path of libnvrtc (default: the usual places)\n"
+    "  --version  print kcache's version and exit\n"
     "Exit codes: 0 compiled, 1 spec or compile failed, 2 usage error.\n";
 
 int Usage(const std::string& why) {
@@ -73,6 +74,10 @@ int main(int argc, char** argv) {
     };
     if (a == "--help" || a == "-h") {
       std::cout << kUsage;
+      return 0;
+    }
+    if (a == "--version") {
+      std::cout << "kcache-compile " << KCACHE_VERSION << "\n";
       return 0;
     }
     if (a == "--source-only") {

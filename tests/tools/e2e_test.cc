@@ -3,6 +3,7 @@
 // import into a fresh store, all hits on a new daemon), per-spec warm
 // failures, and two toolchains on one store.
 #include <sys/mount.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 
 #include <cstring>
@@ -47,6 +48,35 @@ json ParseJson(const ToolRun& r) {
 }
 
 void WriteFile(const std::string& path, const std::string& text) { std::ofstream(path) << text; }
+
+// `kcache warm` shows a compile that takes more than a couple of seconds
+// while it runs (issue 19): a worker that sleeps 4 s before compiling makes
+// the one kernel of the manifest slow; off a terminal the wait is a plain
+// line on stderr, before the kernel's own result line.
+TEST(KcacheE2E, WarmShowsALongCompileWhileItRuns) {
+  TempDir dir;
+  const std::string worker = dir.Sub("slow-worker.sh");
+  const std::string real =
+      (std::filesystem::path(KCACHE_TEST_KCACHED_PATH).parent_path() / "kcache-compile-worker")
+          .string();
+  WriteFile(worker, absl::StrCat("#!/bin/sh\nsleep 4\nexec '", real, "' \"$@\"\n"));
+  ASSERT_EQ(chmod(worker.c_str(), 0755), 0);
+  DaemonProcess d(dir.path(), {"--worker_path", worker});
+  ASSERT_NO_FATAL_FAILURE(d.Start());
+  ToolRun warm = RunTool(dir.path(), {"--socket", d.socket(), "warm",
+                                      KCACHE_SOURCE_DIR "/tests/tools/one-kernel.yaml"});
+  ASSERT_EQ(warm.exit_code, 0) << Describe(warm);
+  const size_t waiting = warm.err.find("[0/1] waiting  tiny sm_80 (");
+  ASSERT_NE(waiting, std::string::npos) << Describe(warm);
+  EXPECT_THAT(warm.err, HasSubstr("s so far; 1 outstanding)"));
+  EXPECT_GT(warm.err.find("[1/1] compiled tiny sm_80"), waiting) << Describe(warm);
+  // A hit answers at once: nothing to wait for.
+  ToolRun again = RunTool(dir.path(), {"--socket", d.socket(), "warm",
+                                       KCACHE_SOURCE_DIR "/tests/tools/one-kernel.yaml"});
+  ASSERT_EQ(again.exit_code, 0) << Describe(again);
+  EXPECT_THAT(again.err, Not(HasSubstr("waiting")));
+  EXPECT_EQ(d.Stop(), 0);
+}
 
 // The pipeline of docs/ops.md "CI pre-population", step by step.
 TEST(KcacheE2E, WarmExportImportThenANewDaemonServesEveryEntryAsAHit) {

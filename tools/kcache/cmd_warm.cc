@@ -67,6 +67,20 @@ int WarmCommand(CommandContext& c) {
                                   r.status.ok() ? "" : ": " + std::string(r.status.message()));
     }
   };
+  // A compile taking longer than a couple of seconds is shown while it runs:
+  // on the bar's line on a terminal, else as a line on stderr.
+  wo.on_waiting = [&](size_t done, size_t outstanding, const WarmItem& oldest,
+                      absl::Duration waited) {
+    std::string label = absl::StrCat(oldest.name, " ", oldest.arch);
+    if (bar.tty()) {
+      bar.Update(done, absl::StrFormat("%d outstanding, waiting %.0f s on %s", outstanding,
+                                       absl::ToDoubleSeconds(waited), label));
+    } else if (!c.as_json) {
+      c.io.err << absl::StrFormat("[%d/%d] waiting  %s (%.0f s so far; %d outstanding)\n", done,
+                                  items->size(), label, absl::ToDoubleSeconds(waited),
+                                  outstanding);
+    }
+  };
   absl::Time start = absl::Now();
   std::vector<WarmResult> results = tools::Warm(admin->channel(), *items, wo);
   bar.Finish();

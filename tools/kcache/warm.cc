@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <map>
 #include <thread>
 
 #include "absl/synchronization/mutex.h"
@@ -17,10 +18,16 @@ std::vector<WarmResult> Warm(const std::shared_ptr<grpc::Channel>& channel,
   std::vector<WarmResult> results(items.size());
   auto stub = v1::KernelService::NewStub(channel);
   std::atomic<size_t> next{0};
-  absl::Mutex mu;  // serializes on_done; guards `done`
+  absl::Mutex mu;  // serializes on_done and on_waiting; guards the three below
   size_t done = 0;
+  std::map<size_t, absl::Time> outstanding;  // item index -> when it was asked for
+  bool finished = false;
   auto worker = [&] {
     for (size_t i = next.fetch_add(1); i < items.size(); i = next.fetch_add(1)) {
+      {
+        absl::MutexLock lock(&mu);
+        outstanding[i] = absl::Now();
+      }
       WarmResult& r = results[i];
       r.item = items[i];
       v1::GetKernelRequest req;
@@ -37,16 +44,38 @@ std::vector<WarmResult> Warm(const std::shared_ptr<grpc::Channel>& channel,
         r.key = resp.record().key();
       }
       absl::MutexLock lock(&mu);
+      outstanding.erase(i);
       ++done;
       if (options.on_done) options.on_done(r, done);
     }
   };
+  // The waiting reporter: wakes every progress_every (or when all is done).
+  std::thread reporter;
+  if (options.on_waiting) {
+    reporter = std::thread([&] {
+      absl::MutexLock lock(&mu);
+      while (!mu.AwaitWithTimeout(absl::Condition(&finished), options.progress_every)) {
+        if (outstanding.empty()) continue;
+        auto oldest = std::min_element(
+            outstanding.begin(), outstanding.end(),
+            [](const auto& a, const auto& b) { return a.second < b.second; });
+        absl::Duration waited = absl::Now() - oldest->second;
+        if (waited < options.progress_after) continue;
+        options.on_waiting(done, outstanding.size(), items[oldest->first], waited);
+      }
+    });
+  }
   int jobs = std::clamp<int>(options.jobs, 1, 64);
   std::vector<std::thread> threads;
   for (int t = 0; t < std::min<int>(jobs, static_cast<int>(items.size())); ++t) {
     threads.emplace_back(worker);
   }
   for (auto& t : threads) t.join();
+  {
+    absl::MutexLock lock(&mu);
+    finished = true;
+  }
+  if (reporter.joinable()) reporter.join();
   return results;
 }
 

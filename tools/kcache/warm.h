@@ -32,6 +32,16 @@ struct WarmOptions {
   // Called once per finished item, serialized (never concurrently), with the
   // number finished so far.
   std::function<void(const WarmResult&, size_t done)> on_done;
+  // Called while requests are outstanding and the oldest has waited at least
+  // `progress_after`: then every `progress_every`, serialized with on_done,
+  // with the number finished, the number outstanding, and the oldest
+  // outstanding item and how long it has waited (a compile, usually: hits
+  // answer in milliseconds). So a long compile is never silence.
+  std::function<void(size_t done, size_t outstanding, const WarmItem& oldest,
+                     absl::Duration waited)>
+      on_waiting;
+  absl::Duration progress_after = absl::Seconds(2);
+  absl::Duration progress_every = absl::Seconds(2);
 };
 
 // Runs every item; returns the results in manifest order. Thread-safe to
