@@ -156,13 +156,13 @@ absl::StatusOr<std::string> ReadBundleFile(const std::string& path, uint64_t max
     size_t n = std::fread(buf, 1, sizeof(buf), f);
     data.append(buf, n);
     if (data.size() >= kBundleMagic.size() && !data.starts_with(kBundleMagic)) {
-      st = absl::InvalidArgumentError(
-          absl::StrCat(path, ": not a kcache bundle (it does not start with ", std::string(kBundleMagic), ")"));
+      st = absl::InvalidArgumentError(absl::StrCat(
+          path, ": not a kcache bundle (it does not start with ", std::string(kBundleMagic), ")"));
       break;
     }
     if (data.size() > max_bytes) {
-      st = absl::InvalidArgumentError(absl::StrCat(path, ": larger than ", max_bytes,
-                                                   " bytes, the most a bundle may hold"));
+      st = absl::InvalidArgumentError(
+          absl::StrCat(path, ": larger than ", max_bytes, " bytes, the most a bundle may hold"));
       break;
     }
     if (n < sizeof(buf)) {

@@ -215,8 +215,7 @@ absl::StatusOr<std::unique_ptr<Store>> Store::Open(const std::string& path, Stor
   if (!files.current && files.any_store_file()) {
     return absl::FailedPreconditionError(absl::StrCat(
         "open ", path, ": the directory holds a kcache store whose CURRENT file is missing (",
-        files.Describe(), "); refusing to create a new, empty store over it; ",
-        RecoverHint(path)));
+        files.Describe(), "); refusing to create a new, empty store over it; ", RecoverHint(path)));
   }
   if (ro) {
     if (!files.current) {
@@ -250,9 +249,9 @@ absl::StatusOr<std::unique_ptr<Store>> Store::Open(const std::string& path, Stor
       auto rs2 = rocksdb::DB::OpenForReadOnly(dbo, path, descs, &s->handles_, &s->db_);
       if (rs2.ok()) {
         s->read_only_ = true;
-        s->read_only_reason_ = absl::StrCat(
-            "the store is read-only: the disk was full when it was opened (", rs.ToString(),
-            "); free space and restart kcached");
+        s->read_only_reason_ =
+            absl::StrCat("the store is read-only: the disk was full when it was opened (",
+                         rs.ToString(), "); free space and restart kcached");
         std::fprintf(stderr, "kcache store %s: %s\n", path.c_str(), s->read_only_reason_.c_str());
         rs = rs2;
       }
@@ -260,9 +259,9 @@ absl::StatusOr<std::unique_ptr<Store>> Store::Open(const std::string& path, Stor
   }
   if (!rs.ok() && files.current && !IsDiskFull(rs) &&
       (rs.IsCorruption() || rs.IsPathNotFound() || rs.IsNotFound())) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "open ", path, ": the store is damaged and cannot be opened (", rs.ToString(), "); ",
-        RecoverHint(path)));
+    return absl::FailedPreconditionError(
+        absl::StrCat("open ", path, ": the store is damaged and cannot be opened (", rs.ToString(),
+                     "); ", RecoverHint(path)));
   }
   if (auto st = FromRocks(rs, absl::StrCat("open ", path)); !st.ok()) return st;
   s->cf_default_ = s->handles_[0];

@@ -21,15 +21,15 @@ absl::StatusOr<NumericDiff> CudaNumericRunner::Run(int ordinal, const v1::Kernel
   k.head_dim_qk = static_cast<int>(spec.head_dim_qk());
   k.head_dim_v = static_cast<int>(spec.head_dim_v() != 0 ? spec.head_dim_v() : spec.head_dim_qk());
   k.num_q_heads = static_cast<int>(spec.num_q_heads());
-  k.num_kv_heads = static_cast<int>(spec.num_kv_heads() != 0 ? spec.num_kv_heads()
-                                                               : spec.num_q_heads());
+  k.num_kv_heads =
+      static_cast<int>(spec.num_kv_heads() != 0 ? spec.num_kv_heads() : spec.num_q_heads());
   const v1::MaskSpec& m = spec.mask();
-  k.mask = m.has_causal() ? KC_MASK_CAUSAL
+  k.mask = m.has_causal()           ? KC_MASK_CAUSAL
            : m.has_sliding_window() ? KC_MASK_SLIDING_WINDOW
-           : m.has_document() ? KC_MASK_DOCUMENT
-           : m.has_drafter() ? KC_MASK_DRAFTER
-           : m.has_expr() ? KC_MASK_EXPR
-                          : KC_MASK_NONE;
+           : m.has_document()       ? KC_MASK_DOCUMENT
+           : m.has_drafter()        ? KC_MASK_DRAFTER
+           : m.has_expr()           ? KC_MASK_EXPR
+                                    : KC_MASK_NONE;
   k.drafter_block = m.has_drafter() ? static_cast<int>(m.drafter().block_size()) : 0;
   for (const v1::BufferDecl& b : spec.buffers()) {
     k.buffers.push_back({static_cast<int>(b.type()), static_cast<int>(b.rank())});
@@ -49,9 +49,8 @@ absl::StatusOr<NumericDiff> CudaNumericRunner::Run(int ordinal, const v1::Kernel
 double NumericTolerance(v1::DType dtype) { return dtype == v1::DTYPE_FP16 ? 5e-3 : 2e-2; }
 
 absl::StatusOr<v1::NumericCheck> CheckAttentionNumerics(const AttentionBuild& build,
-                                                        Compiler& compiler,
-                                                        NumericRunner& runner, int ordinal,
-                                                        absl::Time deadline) {
+                                                        Compiler& compiler, NumericRunner& runner,
+                                                        int ordinal, absl::Time deadline) {
   const absl::Time start = absl::Now();
   const v1::KernelRecord& rec = build.record;
   if (build.reference_source.empty()) {

@@ -71,8 +71,7 @@ double NumericTolerance(v1::DType dtype);
 // must be compiled again by the next request); the reference's
 // compile errors and the runner's errors prefixed "numeric check: ".
 absl::StatusOr<v1::NumericCheck> CheckAttentionNumerics(const AttentionBuild& build,
-                                                        Compiler& compiler,
-                                                        NumericRunner& runner, int ordinal,
-                                                        absl::Time deadline);
+                                                        Compiler& compiler, NumericRunner& runner,
+                                                        int ordinal, absl::Time deadline);
 
 }  // namespace kcache

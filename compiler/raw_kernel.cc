@@ -6,8 +6,8 @@
 #include "cache/digest.h"
 #include "cache/key.h"
 #include "compiler/cuda/nvrtc.h"
-#include "compiler/worker/raw_compile.h"
 #include "compiler/resources.h"
+#include "compiler/worker/raw_compile.h"
 
 namespace kcache {
 namespace {

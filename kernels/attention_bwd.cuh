@@ -142,8 +142,8 @@ __device__ __forceinline__ void cp_async4(unsigned dst, const void* src, bool pr
 
 // dst[0..3] += v, as one vector reduction in L2 (sm_90+).
 __device__ __forceinline__ void red_add_v4(float* dst, const float (&v)[4]) {
-  asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(dst), "f"(v[0]),
-               "f"(v[1]), "f"(v[2]), "f"(v[3])
+  asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(dst), "f"(v[0]), "f"(v[1]),
+               "f"(v[2]), "f"(v[3])
                : "memory");
 }
 
@@ -263,7 +263,7 @@ __device__ __forceinline__ int classify_pair(const AttentionParams& p, int b, in
     const int qe = imin(m1, (j + 1) * kBlk);  // rows [q, qe) are block j
     const RowRaw r = row_raw(p, b, q);
     if (r.k) {
-      const int4 f = row_data(p, q, r);           // the block's first row in the tile
+      const int4 f = row_data(p, q, r);  // the block's first row in the tile
       const int w_last = KC_DRAFTER_CAUSAL ? ctx_len + qe : f.w;  // its last row sees most
       any = any || (n0 < f.y && n1 > f.x) || (n0 < w_last && n1 > f.z);
       all = all && ((n0 >= f.x && n1 <= f.y) || (n0 >= f.z && n1 <= f.w));
@@ -344,9 +344,8 @@ __device__ __forceinline__ int finish_list(unsigned* list, int n, int* misc, int
 // A pair is full only with the whole fixed block (f_rows) and a whole tile.
 template <bool FIXED_Q>
 __device__ __forceinline__ void doc_tile_classes(unsigned* list, const int* fixed_ids, int f0,
-                                                 int f1, int f_rows, const int* other_ids,
-                                                 int tile, int n_tiles, int len, int warp,
-                                                 int lane) {
+                                                 int f1, int f_rows, const int* other_ids, int tile,
+                                                 int n_tiles, int len, int warp, int lane) {
   int fmin, fmax;
   warp_id_range(fixed_ids, f0, f1, lane, fmin, fmax);
   for (int t = warp; t < n_tiles; t += kNW) {
@@ -366,22 +365,34 @@ __device__ __forceinline__ void doc_tile_classes(unsigned* list, const int* fixe
 struct ScoreCtx {
   float alibi_slope;
 };
-__device__ __forceinline__ float score_mod(float x, const ScoreCtx& sc, int b, int h, int q,
-                                           int kv, const AttentionParams& p, float& dydx) {
+__device__ __forceinline__ float score_mod(float x, const ScoreCtx& sc, int b, int h, int q, int kv,
+                                           const AttentionParams& p, float& dydx) {
   dydx = 1.f;
 #if KC_SCORE_MOD == KC_SCORE_SOFTCAP
   const float t = tanhf(x * (1.f / KC_SOFTCAP));
   dydx = 1.f - t * t;
-  (void)sc; (void)b; (void)h; (void)q; (void)kv; (void)p;
+  (void)sc;
+  (void)b;
+  (void)h;
+  (void)q;
+  (void)kv;
+  (void)p;
   return KC_SOFTCAP * t;
 #elif KC_SCORE_MOD == KC_SCORE_ALIBI
-  (void)b; (void)h; (void)p;
+  (void)b;
+  (void)h;
+  (void)p;
   return x + sc.alibi_slope * static_cast<float>(kv - q);
 #elif KC_SCORE_MOD == KC_SCORE_EXPR
   (void)sc;
   return kc_expr_score(x, b, h, q, kv, p);
 #else
-  (void)sc; (void)b; (void)h; (void)q; (void)kv; (void)p;
+  (void)sc;
+  (void)b;
+  (void)h;
+  (void)q;
+  (void)kv;
+  (void)p;
   return x;
 #endif
 }
@@ -511,7 +522,8 @@ __device__ __forceinline__ void wgmma_ss_tt(float (&d)[8][4], unsigned long long
                                             unsigned long long db, int accumulate) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32." KC_WG_T "." KC_WG_T " "
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32." KC_WG_T "." KC_WG_T
+      " "
       "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,"
       "%24,%25,%26,%27,%28,%29,%30,%31}, %32, %33, p, 1, 1, 1, 1;\n}\n"
       : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
@@ -550,7 +562,8 @@ __device__ __forceinline__ void gemm_abt_mn(float (&acc)[MT][NT][4], unsigned a_
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
-    for (int nt = 0; nt < NT; ++nt) acc[mt][nt][0] = acc[mt][nt][1] = acc[mt][nt][2] = acc[mt][nt][3] = 0.f;
+    for (int nt = 0; nt < NT; ++nt)
+      acc[mt][nt][0] = acc[mt][nt][1] = acc[mt][nt][2] = acc[mt][nt][3] = 0.f;
   }
 #pragma unroll
   for (int kk = 0; kk < D / 16; ++kk) {
@@ -648,7 +661,8 @@ __device__ __forceinline__ void store_row(elem_t* row, const float (&acc)[D / 8]
                                           int t4) {
 #pragma unroll
   for (int dt = 0; dt < D / 8; ++dt) {
-    *reinterpret_cast<unsigned*>(row + dt * 8 + 2 * t4) = pack2(acc[dt][hh * 2], acc[dt][hh * 2 + 1]);
+    *reinterpret_cast<unsigned*>(row + dt * 8 + 2 * t4) =
+        pack2(acc[dt][hh * 2], acc[dt][hh * 2 + 1]);
   }
 }
 
@@ -672,10 +686,10 @@ extern "C" __global__ void __launch_bounds__(kcache::kAttnBwdAuxThreads)
   const int q = m0 + r;
   float sum = 0.f;
   if (q < p.q_len) {
-    const elem_t* o = static_cast<const elem_t*>(p.o) + b * p.o_stride_b + h * p.o_stride_h +
-                      q * p.o_stride_s;
-    const elem_t* d = static_cast<const elem_t*>(p.dout) + b * p.do_stride_b +
-                      h * p.do_stride_h + q * p.do_stride_s;
+    const elem_t* o =
+        static_cast<const elem_t*>(p.o) + b * p.o_stride_b + h * p.o_stride_h + q * p.o_stride_s;
+    const elem_t* d = static_cast<const elem_t*>(p.dout) + b * p.do_stride_b + h * p.do_stride_h +
+                      q * p.do_stride_s;
     constexpr int kPer = kDV / 4;
 #pragma unroll 8
     for (int c = part * kPer; c < (part + 1) * kPer; c += 2) {
@@ -751,8 +765,7 @@ extern "C" __global__ void __launch_bounds__(KC_BWD_NUM_WARPS * 32, 256 / (KC_BW
   // Heavy key tiles (the first: seen by every later query under causal
   // masks, and the drafter's context) start first within each chunk.
   int ktile, hkv, b;
-  launch_order(ktile, hkv, b,
-               p.num_q_heads != p.num_kv_heads ? 0x7fffffff : kHeadChunk);
+  launch_order(ktile, hkv, b, p.num_q_heads != p.num_kv_heads ? 0x7fffffff : kHeadChunk);
   const int n0 = ktile * kBN;
   const int q_len = p.q_len;
   const int kv_len = p.kv_len;
@@ -775,7 +788,7 @@ extern "C" __global__ void __launch_bounds__(KC_BWD_NUM_WARPS * 32, 256 / (KC_BW
   const unsigned sLse = sS + kDsBufs * kSB;  // [2][kBM] float, then delta [2][kBM]
   const unsigned sDel = sLse + 2 * kBM * 4;
   unsigned char* const base = sbase + (sDel + 2 * kBM * 4 - sK);
-  int4* rowdata = reinterpret_cast<int4*>(base);                 // [2][kBM]
+  int4* rowdata = reinterpret_cast<int4*>(base);  // [2][kBM]
   unsigned* list = reinterpret_cast<unsigned*>(base + 2 * kBM * 16);
   int* misc = reinterpret_cast<int*>(base + 2 * kBM * 16 + 4 * kList);
   static_assert(2 * kQB + 2 * kOB + kBN * (kDQK + kDV) * 2 + kDsBufs * kSB + 2 * kBM * 8 +
@@ -824,8 +837,8 @@ extern "C" __global__ void __launch_bounds__(KC_BWD_NUM_WARPS * 32, 256 / (KC_BW
                             n_q_tiles, q_len, warp, lane);
 #elif KC_MASK == KC_MASK_DRAFTER
     for (int qt = tid; qt < n_q_tiles; qt += kThreads) {
-      list[qt] = static_cast<unsigned>(
-          classify_pair(p, b, qt * kBM, kBM, n0, kBN, q_len, kv_len, off));
+      list[qt] =
+          static_cast<unsigned>(classify_pair(p, b, qt * kBM, kBM, n0, kBN, q_len, kv_len, off));
     }
 #else
     const bool kv_inb = n0 + kBN <= kv_len;
@@ -873,16 +886,19 @@ extern "C" __global__ void __launch_bounds__(KC_BWD_NUM_WARPS * 32, 256 / (KC_BW
     item_of(it, hh, qt, cls);
     const int hq = hkv * group + hh;
     const int m0 = qt * kBM;
-    load_rows<kBM, kDQK, kWg>(sQ + st * (kQB + kOB),
-                    static_cast<const elem_t*>(p.q) + b * p.q_stride_b + hq * p.q_stride_h,
-                    p.q_stride_s, m0, q_len, tid);
-    load_rows<kBM, kDV, kWg>(sQ + st * (kQB + kOB) + kQB,
-                   static_cast<const elem_t*>(p.dout) + b * p.do_stride_b + hq * p.do_stride_h,
-                   p.do_stride_s, m0, q_len, tid);
+    load_rows<kBM, kDQK, kWg>(
+        sQ + st * (kQB + kOB),
+        static_cast<const elem_t*>(p.q) + b * p.q_stride_b + hq * p.q_stride_h, p.q_stride_s, m0,
+        q_len, tid);
+    load_rows<kBM, kDV, kWg>(
+        sQ + st * (kQB + kOB) + kQB,
+        static_cast<const elem_t*>(p.dout) + b * p.do_stride_b + hq * p.do_stride_h, p.do_stride_s,
+        m0, q_len, tid);
     if (tid < kBM) {
       const bool ok = m0 + tid < q_len;
       const float* l = p.lse + b * p.lse_stride_b + hq * p.lse_stride_h + m0 + tid;
-      const float* d = p.delta + (static_cast<long long>(b) * p.num_q_heads + hq) * q_len + m0 + tid;
+      const float* d =
+          p.delta + (static_cast<long long>(b) * p.num_q_heads + hq) * q_len + m0 + tid;
       cp_async4(sLse + (st * kBM + tid) * 4, ok ? l : p.lse, ok);
       cp_async4(sDel + (st * kBM + tid) * 4, ok ? d : p.delta, ok);
     }
@@ -926,11 +942,12 @@ extern "C" __global__ void __launch_bounds__(KC_BWD_NUM_WARPS * 32, 256 / (KC_BW
   // transposed.
   constexpr int kColGroups = kNW / 2;
   const int r0w = (warp & 1) * 32;
-  auto dq_gemm = [&](float (&acc)[2][4][4], unsigned ds_t, int c0) {
+  auto dq_gemm = [&](float(&acc)[2][4][4], unsigned ds_t, int c0) {
 #pragma unroll
     for (int mt = 0; mt < 2; ++mt) {
 #pragma unroll
-      for (int i = 0; i < 4; ++i) acc[mt][i][0] = acc[mt][i][1] = acc[mt][i][2] = acc[mt][i][3] = 0.f;
+      for (int i = 0; i < 4; ++i)
+        acc[mt][i][0] = acc[mt][i][1] = acc[mt][i][2] = acc[mt][i][3] = 0.f;
     }
 #pragma unroll
     for (int kk = 0; kk < kBN / 16; ++kk) {
@@ -938,8 +955,8 @@ extern "C" __global__ void __launch_bounds__(KC_BWD_NUM_WARPS * 32, 256 / (KC_BW
 #pragma unroll
       for (int mt = 0; mt < 2; ++mt) {
         if constexpr (kFa2) {  // dS [query][key]
-          ldsm_x4(ds_t + (r0w + mt * 16 + (lane & 15)) * (kBN * 2) + ((kk * 32) ^ akey),
-                  da[mt][0], da[mt][1], da[mt][2], da[mt][3]);
+          ldsm_x4(ds_t + (r0w + mt * 16 + (lane & 15)) * (kBN * 2) + ((kk * 32) ^ akey), da[mt][0],
+                  da[mt][1], da[mt][2], da[mt][3]);
         } else {  // dS^T [key][query]
           const int ds_chunk = (r0w >> 3) + 2 * mt + ((lane >> 3) & 1);
           ldsm_x4_t(ds_t + (kk * 16 + brow) * (kBM * 2) + ((ds_chunk ^ l7) << 4), da[mt][0],
@@ -954,7 +971,7 @@ extern "C" __global__ void __launch_bounds__(KC_BWD_NUM_WARPS * 32, 256 / (KC_BW
   // a quarter of the scalar reductions. Afterwards acc[mt][dt] holds columns
   // 8 dt + [0, 4) from dq_dst(.., mt) on.
   const int odd = t4 & 1;
-  auto dq_swap = [&](float (&acc)[2][4][4]) {
+  auto dq_swap = [&](float(&acc)[2][4][4]) {
 #pragma unroll
     for (int mt = 0; mt < 2; ++mt) {
 #pragma unroll
@@ -997,8 +1014,8 @@ extern "C" __global__ void __launch_bounds__(KC_BWD_NUM_WARPS * 32, 256 / (KC_BW
         for (int dt = 0; dt < 4; ++dt) red_add_v4(dst + dt * 8, acc[mt][dt]);
       }
 #else
-      float* acc_row = p.dq_accum +
-                       ((static_cast<long long>(b) * p.num_q_heads + hq) * q_len + m0) * kDQK;
+      float* acc_row =
+          p.dq_accum + ((static_cast<long long>(b) * p.num_q_heads + hq) * q_len + m0) * kDQK;
 #pragma unroll
       for (int mt = 0; mt < 2; ++mt) {
 #pragma unroll
@@ -1026,7 +1043,7 @@ extern "C" __global__ void __launch_bounds__(KC_BWD_NUM_WARPS * 32, 256 / (KC_BW
   // 16 (warp % 4) + g (+ 8) of the warpgroup, i.e. key_row0).
   const int wg = warp >> 2;
   // S^T = K Q^T and dP^T = V dO^T of the stage at q_s / o_s, waited.
-  auto wg_sdp = [&](float (&s)[kNT][4], float (&dp)[kNT][4], unsigned q_s, unsigned o_s) {
+  auto wg_sdp = [&](float(&s)[kNT][4], float(&dp)[kNT][4], unsigned q_s, unsigned o_s) {
     const unsigned long long dk0 = smem_desc(sK + wg * (64 * 128), 16, 1024);
     const unsigned long long dq0 = smem_desc(q_s, 16, 1024);
     const unsigned long long dv0 = smem_desc(sV + wg * (64 * 128), 16, 1024);
@@ -1049,7 +1066,7 @@ extern "C" __global__ void __launch_bounds__(KC_BWD_NUM_WARPS * 32, 256 / (KC_BW
     fence_regs(dp);
   };
   // The same, not waited: S^T and dP^T as two commit groups (kWgSplit).
-  auto wg_sdp_issue = [&](float (&s)[kNT][4], float (&dp)[kNT][4], unsigned q_s, unsigned o_s) {
+  auto wg_sdp_issue = [&](float(&s)[kNT][4], float(&dp)[kNT][4], unsigned q_s, unsigned o_s) {
     const unsigned long long dk0 = smem_desc(sK + wg * (64 * 128), 16, 1024);
     const unsigned long long dq0 = smem_desc(q_s, 16, 1024);
     const unsigned long long dv0 = smem_desc(sV + wg * (64 * 128), 16, 1024);
@@ -1115,9 +1132,9 @@ extern "C" __global__ void __launch_bounds__(KC_BWD_NUM_WARPS * 32, 256 / (KC_BW
         }
       }
       const int r = imin((warp & 3) * 16 + g + 8 * odd, q_len - 1 - m0);
-      float* const dst = p.dq_accum +
-                         ((static_cast<long long>(b) * p.num_q_heads + hq) * q_len + m0 + r) * kDQK +
-                         (kDQK == 128 ? 64 * wg : 0) + 2 * (t4 & ~1);
+      float* const dst =
+          p.dq_accum + ((static_cast<long long>(b) * p.num_q_heads + hq) * q_len + m0 + r) * kDQK +
+          (kDQK == 128 ? 64 * wg : 0) + 2 * (t4 & ~1);
 #pragma unroll
       for (int nt = 0; nt < 8; ++nt) red_add_v4(dst + nt * 8, qa[nt]);
     }
@@ -1137,9 +1154,11 @@ extern "C" __global__ void __launch_bounds__(KC_BWD_NUM_WARPS * 32, 256 / (KC_BW
 #pragma unroll
   for (int mt = 0; mt < 2; ++mt) {
 #pragma unroll
-    for (int i = 0; i < kDQK / 16; ++i) dk2[mt][i][0] = dk2[mt][i][1] = dk2[mt][i][2] = dk2[mt][i][3] = 0.f;
+    for (int i = 0; i < kDQK / 16; ++i)
+      dk2[mt][i][0] = dk2[mt][i][1] = dk2[mt][i][2] = dk2[mt][i][3] = 0.f;
 #pragma unroll
-    for (int i = 0; i < kDV / 16; ++i) dv2[mt][i][0] = dv2[mt][i][1] = dv2[mt][i][2] = dv2[mt][i][3] = 0.f;
+    for (int i = 0; i < kDV / 16; ++i)
+      dv2[mt][i][0] = dv2[mt][i][1] = dv2[mt][i][2] = dv2[mt][i][3] = 0.f;
   }
   // kFa2: the document ids of this thread's 8 S columns (keys 32 (warp / 2) + 8 nt + 2 t4 + c).
   int kv_id8[8] = {};
@@ -1299,8 +1318,8 @@ extern "C" __global__ void __launch_bounds__(KC_BWD_NUM_WARPS * 32, 256 / (KC_BW
 #pragma unroll
               for (int c = 0; c < 2; ++c) {
                 const int kv = n0 + wn * 32 + nt * 8 + 2 * t4 + c;
-                const bool vis = full || visible(p, b, hq, q, kv, q_len, kv_len,
-                                                                   off, rd, kv_id8[nt * 2 + c]);
+                const bool vis =
+                    full || visible(p, b, hq, q, kv, q_len, kv_len, off, rd, kv_id8[nt * 2 + c]);
                 float pe, ds;
                 element_grad(s[mt][nt][hh2 * 2 + c], dp[mt][nt][hh2 * 2 + c], l2, del, vis, sc, b,
                              hq, q, kv, p, true, pe, ds);
@@ -1381,8 +1400,8 @@ extern "C" __global__ void __launch_bounds__(KC_BWD_NUM_WARPS * 32, 256 / (KC_BW
               for (int hh2 = 0; hh2 < 2; ++hh2) {
                 const int kv = n0 + key_row0 + 8 * hh2;
                 const int q = m0 + qi;
-                const bool vis = full ||
-                                 visible(p, b, hq, q, kv, q_len, kv_len, off, rd, kv_id[hh2]);
+                const bool vis =
+                    full || visible(p, b, hq, q, kv, q_len, kv_len, off, rd, kv_id[hh2]);
                 float pe, ds;
                 element_grad(s[nt][hh2 * 2 + c], dp[nt][hh2 * 2 + c], l2, del, vis, sc, b, hq, q,
                              kv, p, true, pe, ds);
@@ -1431,7 +1450,6 @@ extern "C" __global__ void __launch_bounds__(KC_BWD_NUM_WARPS * 32, 256 / (KC_BW
         gemm_step_ab<kDQK>(dk, sa[kk], q_s, kk, ln);
       }
 #endif
-
     }
 
 #if !KC_DETERMINISTIC
@@ -1443,7 +1461,8 @@ extern "C" __global__ void __launch_bounds__(KC_BWD_NUM_WARPS * 32, 256 / (KC_BW
     prev_m0 = m0;
 #endif
     if constexpr (kRowData) {
-      if (it + 1 < n_items && tid < kBM) rowdata[(st ^ 1) * kBM + tid] = row_data(p, next_q, next_raw);
+      if (it + 1 < n_items && tid < kBM)
+        rowdata[(st ^ 1) * kBM + tid] = row_data(p, next_q, next_raw);
     }
   }
   cp_async_wait<0>();
@@ -1465,11 +1484,11 @@ extern "C" __global__ void __launch_bounds__(KC_BWD_NUM_WARPS * 32, 256 / (KC_BW
       for (int hh2 = 0; hh2 < 2; ++hh2) {
         const int kv = n0 + wk * 32 + mt * 16 + g + 8 * hh2;
         if (kv < kv_len) {
-          store_row<kDQK / 2>(static_cast<elem_t*>(p.dk) + b * p.dk_stride_b +
-                                  hkv * p.dk_stride_h + kv * p.dk_stride_s + wd * (kDQK / 2),
+          store_row<kDQK / 2>(static_cast<elem_t*>(p.dk) + b * p.dk_stride_b + hkv * p.dk_stride_h +
+                                  kv * p.dk_stride_s + wd * (kDQK / 2),
                               dk2[mt], hh2, t4);
-          store_row<kDV / 2>(static_cast<elem_t*>(p.dv) + b * p.dv_stride_b +
-                                 hkv * p.dv_stride_h + kv * p.dv_stride_s + wd * (kDV / 2),
+          store_row<kDV / 2>(static_cast<elem_t*>(p.dv) + b * p.dv_stride_b + hkv * p.dv_stride_h +
+                                 kv * p.dv_stride_s + wd * (kDV / 2),
                              dv2[mt], hh2, t4);
         }
       }
@@ -1485,12 +1504,12 @@ extern "C" __global__ void __launch_bounds__(KC_BWD_NUM_WARPS * 32, 256 / (KC_BW
   for (int hh2 = 0; hh2 < 2; ++hh2) {
     const int kv = n0 + key_row0 + 8 * hh2;
     if (kv < kv_len) {
-      store_row<kDQK>(static_cast<elem_t*>(p.dk) + b * p.dk_stride_b + hkv * p.dk_stride_h +
-                          kv * p.dk_stride_s,
-                      dk, hh2, t4);
-      store_row<kDV>(static_cast<elem_t*>(p.dv) + b * p.dv_stride_b + hkv * p.dv_stride_h +
-                         kv * p.dv_stride_s,
-                     dv, hh2, t4);
+      store_row<kDQK>(
+          static_cast<elem_t*>(p.dk) + b * p.dk_stride_b + hkv * p.dk_stride_h + kv * p.dk_stride_s,
+          dk, hh2, t4);
+      store_row<kDV>(
+          static_cast<elem_t*>(p.dv) + b * p.dv_stride_b + hkv * p.dv_stride_h + kv * p.dv_stride_s,
+          dv, hh2, t4);
     }
   }
 }
@@ -1528,7 +1547,7 @@ extern "C" __global__ void __launch_bounds__(KC_BWD_NUM_WARPS * 32, 256 / (KC_BW
   const unsigned sQ = smem_u32(smem);
   const unsigned sO = sQ + kDqRows * kDQK * 2;
   const unsigned sK = sO + kDqRows * kDV * 2;  // 2 stages
-  const unsigned sV = sK + 2 * kKB;        // 2 stages
+  const unsigned sV = sK + 2 * kKB;            // 2 stages
   unsigned char* const base = smem + (sV + 2 * kVB - sQ);
   int4* rowdata = reinterpret_cast<int4*>(base);
   unsigned* list = reinterpret_cast<unsigned*>(base + kDqRows * 16);
@@ -1542,10 +1561,9 @@ extern "C" __global__ void __launch_bounds__(KC_BWD_NUM_WARPS * 32, 256 / (KC_BW
   load_rows<kDqRows, kDQK>(sQ,
                            static_cast<const elem_t*>(p.q) + b * p.q_stride_b + h * p.q_stride_h,
                            p.q_stride_s, m0, q_len, tid);
-  load_rows<kDqRows, kDV>(sO,
-                          static_cast<const elem_t*>(p.dout) + b * p.do_stride_b +
-                              h * p.do_stride_h,
-                          p.do_stride_s, m0, q_len, tid);
+  load_rows<kDqRows, kDV>(
+      sO, static_cast<const elem_t*>(p.dout) + b * p.do_stride_b + h * p.do_stride_h, p.do_stride_s,
+      m0, q_len, tid);
   cp_async_commit();
   if constexpr (kRowData) {
     if (tid < kDqRows) rowdata[tid] = row_data(p, m0 + tid, row_raw(p, b, m0 + tid));
@@ -1612,9 +1630,9 @@ extern "C" __global__ void __launch_bounds__(KC_BWD_NUM_WARPS * 32, 256 / (KC_BW
       cls = static_cast<int>(e >> 30);
     } else {
       tile = first + i;
-      cls = kListMask ? 1
-                      : classify_pair(p, b, m0, kDqRows, tile * kDqKeys, kDqKeys, q_len, kv_len,
-                                      off);
+      cls = kListMask
+                ? 1
+                : classify_pair(p, b, m0, kDqRows, tile * kDqKeys, kDqKeys, q_len, kv_len, off);
     }
   };
   auto prefetch = [&](int i, int st) {
@@ -1687,8 +1705,7 @@ extern "C" __global__ void __launch_bounds__(KC_BWD_NUM_WARPS * 32, 256 / (KC_BW
 #pragma unroll
           for (int hh = 0; hh < 2; ++hh) {
             const int q = m0 + row0 + 8 * hh;
-            const bool vis =
-                full || visible(p, b, h, q, kv, q_len, kv_len, off, rd[hh], kv_id);
+            const bool vis = full || visible(p, b, h, q, kv, q_len, kv_len, off, rd[hh], kv_id);
             float pe, ds;
             element_grad(s[nt][hh * 2 + c], dp[nt][hh * 2 + c], l2[hh], del[hh], vis, sc, b, h, q,
                          kv, p, false, pe, ds);
@@ -1712,9 +1729,9 @@ extern "C" __global__ void __launch_bounds__(KC_BWD_NUM_WARPS * 32, 256 / (KC_BW
   for (int hh = 0; hh < 2; ++hh) {
     const int q = m0 + row0 + 8 * hh;
     if (q < q_len) {
-      store_row<kDQK>(static_cast<elem_t*>(p.dq) + b * p.dq_stride_b + h * p.dq_stride_h +
-                          q * p.dq_stride_s,
-                      dq, hh, t4);
+      store_row<kDQK>(
+          static_cast<elem_t*>(p.dq) + b * p.dq_stride_b + h * p.dq_stride_h + q * p.dq_stride_s,
+          dq, hh, t4);
     }
   }
 }

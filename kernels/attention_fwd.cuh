@@ -41,9 +41,9 @@
 #error "attention_fwd.cuh needs the generated prelude (docs/kernel-contract.md)"
 #endif
 
-static_assert(kcache::AttentionTilesLegal(
-                  kcache::AttentionTiles{KC_BLOCK_M, KC_BLOCK_N, KC_NUM_WARPS, KC_STAGES, 0},
-                  KC_ARCH, KC_HEAD_DIM_QK, KC_HEAD_DIM_V),
+static_assert(kcache::AttentionTilesLegal(kcache::AttentionTiles{KC_BLOCK_M, KC_BLOCK_N,
+                                                                 KC_NUM_WARPS, KC_STAGES, 0},
+                                          KC_ARCH, KC_HEAD_DIM_QK, KC_HEAD_DIM_V),
               "illegal tile configuration for this architecture and head dims");
 
 // Expression masks: what the generated code says of its predicate
@@ -73,12 +73,12 @@ constexpr int kThreads = kNW * 32;
 constexpr int kStages = KC_STAGES;
 constexpr int kDQK = KC_HEAD_DIM_QK;
 constexpr int kDV = KC_HEAD_DIM_V;
-constexpr int kWM = kBM / kNW;   // rows per warp
-constexpr int kMT = kWM / 16;    // m16 tiles per warp
-constexpr int kNT = kBN / 8;     // n8 tiles of S
-constexpr int kKQ = kDQK / 16;   // k16 steps of Q.K^T
-constexpr int kDT = kDV / 8;     // n8 tiles of O
-constexpr int kKV = kBN / 16;    // k16 steps of P.V
+constexpr int kWM = kBM / kNW;  // rows per warp
+constexpr int kMT = kWM / 16;   // m16 tiles per warp
+constexpr int kNT = kBN / 8;    // n8 tiles of S
+constexpr int kKQ = kDQK / 16;  // k16 steps of Q.K^T
+constexpr int kDT = kDV / 8;    // n8 tiles of O
+constexpr int kKV = kBN / 16;   // k16 steps of P.V
 
 // Shared memory layout (bytes), matching kcache::AttentionSmemBytes.
 constexpr int kQBytes = kBM * kDQK * 2;
@@ -126,7 +126,8 @@ constexpr bool kOverlap = kWgmma && !kPingpong && kStages >= 3;
 // Tiles in flight ahead of the one computed.
 constexpr int kPrefetch = kOverlap ? kStages - 2 : kStages - 1;
 // Q fragments stay in registers when they are small enough.
-constexpr bool kQInRegs = !kWgmma && kMT * kKQ * 4 <= 32 && kMT * (kDV + kBN) / 2 + kMT * kKQ * 4 <= 160;
+constexpr bool kQInRegs =
+    !kWgmma && kMT * kKQ * 4 <= 32 && kMT * (kDV + kBN) / 2 + kMT * kKQ * 4 <= 160;
 
 constexpr bool kListMask =
     KC_MASK == KC_MASK_DOCUMENT || KC_MASK == KC_MASK_DRAFTER || KC_MASK == KC_MASK_EXPR;
@@ -147,8 +148,8 @@ __host__ __device__ constexpr int pow2_floor(int x) {
 }
 // Score modifications that read the query index (ALiBi, expressions) keep
 // the identity order: the permuted index would cost registers in the loop.
-constexpr bool kDrafterSort = KC_MASK == KC_MASK_DRAFTER &&
-                              KC_DRAFTER_BLOCK <= kBM && kBM % KC_DRAFTER_BLOCK == 0 &&
+constexpr bool kDrafterSort = KC_MASK == KC_MASK_DRAFTER && KC_DRAFTER_BLOCK <= kBM &&
+                              kBM % KC_DRAFTER_BLOCK == 0 &&
                               (KC_SCORE_MOD == KC_SCORE_NONE || KC_SCORE_MOD == KC_SCORE_SOFTCAP);
 // 64-bit keys in the K/V stages: at least 2048 (d64, block_n 32, 2 stages).
 constexpr int kSortCap = pow2_floor(kStages * (kKBytes + kVBytes) / 8);
@@ -198,8 +199,8 @@ __device__ __forceinline__ void ldsm_x4(unsigned addr, unsigned& r0, unsigned& r
                : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
                : "r"(addr));
 }
-__device__ __forceinline__ void ldsm_x4_t(unsigned addr, unsigned& r0, unsigned& r1,
-                                          unsigned& r2, unsigned& r3) {
+__device__ __forceinline__ void ldsm_x4_t(unsigned addr, unsigned& r0, unsigned& r1, unsigned& r2,
+                                          unsigned& r3) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
                : "r"(addr));
@@ -235,9 +236,12 @@ __device__ __forceinline__ void wgmma_ss(float (&d)[4][4], unsigned long long da
                                          unsigned long long db, int accumulate) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n32k16.f32." KC_WG_T "." KC_WG_T " "
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32." KC_WG_T "." KC_WG_T
+      " "
       "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, %16, %17, p, 1, 1, 0, 0;\n}\n"
-      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3])
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
+        "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3])
       : "l"(da), "l"(db), "r"(accumulate));
 }
 
@@ -245,9 +249,16 @@ __device__ __forceinline__ void wgmma_ss(float (&d)[8][4], unsigned long long da
                                          unsigned long long db, int accumulate) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32." KC_WG_T "." KC_WG_T " "
-      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
-      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32." KC_WG_T "." KC_WG_T
+      " "
+      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%"
+      "25,%26,%27,%28,%29,%30,%31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
+        "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]),
+        "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+        "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]),
+        "+f"(d[7][2]), "+f"(d[7][3])
       : "l"(da), "l"(db), "r"(accumulate));
 }
 
@@ -255,9 +266,24 @@ __device__ __forceinline__ void wgmma_ss(float (&d)[16][4], unsigned long long d
                                          unsigned long long db, int accumulate) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32." KC_WG_T "." KC_WG_T " "
-      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
-      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]), "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32." KC_WG_T "." KC_WG_T
+      " "
+      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%"
+      "25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%"
+      "48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, %64, %65, p, 1, 1, 0, "
+      "0;\n}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
+        "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]),
+        "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+        "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]),
+        "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]),
+        "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]),
+        "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]),
+        "+f"(d[11][3]), "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]),
+        "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]),
+        "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]),
+        "+f"(d[15][2]), "+f"(d[15][3])
       : "l"(da), "l"(db), "r"(accumulate));
 }
 
@@ -265,9 +291,16 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[8][4], const unsigned (&a)[4
                                          unsigned long long db) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32." KC_WG_T "." KC_WG_T " "
-      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, {%32,%33,%34,%35}, %36, p, 1, 1, 1;\n}\n"
-      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32." KC_WG_T "." KC_WG_T
+      " "
+      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%"
+      "25,%26,%27,%28,%29,%30,%31}, {%32,%33,%34,%35}, %36, p, 1, 1, 1;\n}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
+        "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]),
+        "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+        "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]),
+        "+f"(d[7][2]), "+f"(d[7][3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
 }
 
@@ -275,13 +308,30 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[16][4], const unsigned (&a)[
                                          unsigned long long db) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32." KC_WG_T "." KC_WG_T " "
-      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, {%64,%65,%66,%67}, %68, p, 1, 1, 1;\n}\n"
-      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]), "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32." KC_WG_T "." KC_WG_T
+      " "
+      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%"
+      "25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%"
+      "48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, {%64,%65,%66,%67}, %68, p, "
+      "1, 1, 1;\n}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
+        "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]),
+        "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+        "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]),
+        "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]),
+        "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]),
+        "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]),
+        "+f"(d[11][3]), "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]),
+        "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]),
+        "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]),
+        "+f"(d[15][2]), "+f"(d[15][3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
 }
 
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_fence() {
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
 __device__ __forceinline__ void wgmma_commit() {
   asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
 }
@@ -462,7 +512,8 @@ extern "C" __global__ void __launch_bounds__(KC_NUM_WARPS * 32)
                 ctx >= 2 * kBN && ctx >= np2;
       if (permute) {
         const kc_i32* anc = p.drafter_anchor + b * p.drafter_stride_b;
-        const kc_i8* kp = p.drafter_keep == nullptr ? nullptr : p.drafter_keep + b * p.drafter_stride_b;
+        const kc_i8* kp =
+            p.drafter_keep == nullptr ? nullptr : p.drafter_keep + b * p.drafter_stride_b;
         // Dropped blocks see nothing: they sort first (0).
         auto sort_anchor = [&](int i) -> int {
           return (kp == nullptr || kp[i] != 0) ? imax(0, imin(anc[i], ctx)) + 1 : 0;
@@ -615,7 +666,8 @@ extern "C" __global__ void __launch_bounds__(KC_NUM_WARPS * 32)
     const int j = q / kBlk;
     int4 rd = make_int4(0, 0, 0, 0);  // visible: [x, y) U [z, w)
     if (q >= 0 && j < p.drafter_num_blocks) {
-      const bool keep = p.drafter_keep == nullptr || p.drafter_keep[b * p.drafter_stride_b + j] != 0;
+      const bool keep =
+          p.drafter_keep == nullptr || p.drafter_keep[b * p.drafter_stride_b + j] != 0;
       rd.z = rd.w = ctx_len + j * kBlk;  // dropped: empty, but z still names the block
       if (keep) {
         const int a = p.drafter_anchor[b * p.drafter_stride_b + j];
@@ -704,23 +756,23 @@ extern "C" __global__ void __launch_bounds__(KC_NUM_WARPS * 32)
     }
     __syncthreads();
     if (n_iter > 0) {
-      load_tile<kBN, kDQK>(sK, kg, p.k_stride_s,
-                           (use_list ? (tile_list[0] & 0x3fff) : first) * kBN, kv_len, tid);
-      load_tile<kBN, kDV>(sV, vg, p.v_stride_s,
-                          (use_list ? (tile_list[0] & 0x3fff) : first) * kBN, kv_len, tid);
+      load_tile<kBN, kDQK>(sK, kg, p.k_stride_s, (use_list ? (tile_list[0] & 0x3fff) : first) * kBN,
+                           kv_len, tid);
+      load_tile<kBN, kDV>(sV, vg, p.v_stride_s, (use_list ? (tile_list[0] & 0x3fff) : first) * kBN,
+                          kv_len, tid);
       mbar_arrive_cp_async(bar_full);
     }
   } else
 #endif
 #pragma unroll
-  for (int s = 0; s < kPrefetch; ++s) {
-    if (s < n_iter) {
-      const int t = use_list ? (tile_list[s] & 0x3fff) : first + s;
-      load_tile<kBN, kDQK>(sK + s * kKBytes, kg, p.k_stride_s, t * kBN, kv_len, tid);
-      load_tile<kBN, kDV>(sV + s * kVBytes, vg, p.v_stride_s, t * kBN, kv_len, tid);
+    for (int s = 0; s < kPrefetch; ++s) {
+      if (s < n_iter) {
+        const int t = use_list ? (tile_list[s] & 0x3fff) : first + s;
+        load_tile<kBN, kDQK>(sK + s * kKBytes, kg, p.k_stride_s, t * kBN, kv_len, tid);
+        load_tile<kBN, kDV>(sV + s * kVBytes, vg, p.v_stride_s, t * kBN, kv_len, tid);
+      }
+      cp_async_commit();
     }
-    cp_async_commit();
-  }
 
   // Per-lane ldmatrix addressing. Row r's swizzle key is r & 7, which is
   // lane & 7 for every fragment below; chunk offsets for the four possible
@@ -729,8 +781,8 @@ extern "C" __global__ void __launch_bounds__(KC_NUM_WARPS * 32)
   // lane & 7 for every fragment below, so chunk c of a lane's row sits at
   // ((c ^ (lane & 7)) << 4) = (c << 4) ^ key: one XOR with a constant per use.
   const int l7 = lane & 7;
-  const unsigned qkey = static_cast<unsigned>(l7 ^ (lane >> 4)) << 4;        // Q (A), V (B, trans)
-  const unsigned kkey = static_cast<unsigned>(l7 ^ ((lane >> 3) & 1)) << 4;  // K (B)
+  const unsigned qkey = static_cast<unsigned>(l7 ^ (lane >> 4)) << 4;         // Q (A), V (B, trans)
+  const unsigned kkey = static_cast<unsigned>(l7 ^ ((lane >> 3) & 1)) << 4;   // K (B)
   const unsigned q_row_addr0 = sQ + (warp * kWM + (lane & 15)) * (kDQK * 2);  // + mt * 16 rows
   const unsigned k_lane_base = sK + (l7 + ((lane >> 4) << 3)) * (kDQK * 2);
   const unsigned v_lane_base = sV + (l7 + (((lane >> 3) & 1) << 3)) * (kDV * 2);
@@ -810,10 +862,10 @@ extern "C" __global__ void __launch_bounds__(KC_NUM_WARPS * 32)
   // sees the tile (mma.sync skips it; wgmma, collective over the warpgroup,
   // takes part in the MMAs but skips the softmax and adds P = 0), 2 when all
   // see all of it.
-  auto visibility = [&](int n0, unsigned (&vbits)[kVW]) -> int {
+  auto visibility = [&](int n0, unsigned(&vbits)[kVW]) -> int {
 #pragma unroll
     for (int w = 0; w < kVW; ++w) vbits[w] = 0u;
-    // Row data of this thread's rows (list masks that need it).
+      // Row data of this thread's rows (list masks that need it).
 #if KC_MASK == KC_MASK_DOCUMENT || KC_MASK == KC_MASK_DRAFTER
     int4 rd[kMT][2];
 #pragma unroll
@@ -869,8 +921,7 @@ extern "C" __global__ void __launch_bounds__(KC_NUM_WARPS * 32)
   };
 
   // Score modification (to the log2 domain unless folded) and the mask.
-  auto score_and_mask = [&](float (&s)[kMT][kNT][4], int n0, int wcls,
-                            const unsigned (&vbits)[kVW]) {
+  auto score_and_mask = [&](float(&s)[kMT][kNT][4], int n0, int wcls, const unsigned(&vbits)[kVW]) {
     (void)n0;
 #if KC_SCORE_MOD != KC_SCORE_NONE
 #pragma unroll
@@ -912,7 +963,7 @@ extern "C" __global__ void __launch_bounds__(KC_NUM_WARPS * 32)
   };
 
   // Online softmax in the log2 domain: S -> P in place; alpha rescales O.
-  auto softmax = [&](float (&s)[kMT][kNT][4], float (&alpha)[kMT][2]) {
+  auto softmax = [&](float(&s)[kMT][kNT][4], float(&alpha)[kMT][2]) {
 #pragma unroll
     for (int mt = 0; mt < kMT; ++mt) {
 #pragma unroll
@@ -945,7 +996,7 @@ extern "C" __global__ void __launch_bounds__(KC_NUM_WARPS * 32)
     }
   };
 
-  auto rescale_o = [&](const float (&alpha)[kMT][2]) {
+  auto rescale_o = [&](const float(&alpha)[kMT][2]) {
 #pragma unroll
     for (int mt = 0; mt < kMT; ++mt) {
 #pragma unroll
@@ -966,7 +1017,7 @@ extern "C" __global__ void __launch_bounds__(KC_NUM_WARPS * 32)
   };
 
   // mma.sync: S = Q K^T and O += P V for the tile in `stage`.
-  auto qk_mma_sync = [&](float (&s)[kMT][kNT][4], int stage) {
+  auto qk_mma_sync = [&](float(&s)[kMT][kNT][4], int stage) {
 #pragma unroll
     for (int mt = 0; mt < kMT; ++mt) {
 #pragma unroll
@@ -1001,7 +1052,7 @@ extern "C" __global__ void __launch_bounds__(KC_NUM_WARPS * 32)
       }
     }
   };
-  auto pv_mma_sync = [&](float (&s)[kMT][kNT][4], int stage) {
+  auto pv_mma_sync = [&](float(&s)[kMT][kNT][4], int stage) {
     const unsigned v_base = v_lane_base + stage * kVBytes;
 #pragma unroll
     for (int kk = 0; kk < kKV; ++kk) {
@@ -1028,7 +1079,7 @@ extern "C" __global__ void __launch_bounds__(KC_NUM_WARPS * 32)
 
 #if KC_WGMMA_HEAD_DIMS
   // wgmma: S = Q K^T issued (not waited) for the tile in `stage`.
-  auto qk_wgmma = [&](float (&s)[kMT][kNT][4], int stage) {
+  auto qk_wgmma = [&](float(&s)[kMT][kNT][4], int stage) {
     // Q rows of this warpgroup: [D/64][kBM][64] -> rows 64 * (warp / 4).
     const unsigned q_wg = sQ + (warp >> 2) * (64 * 128);
     const unsigned long long dq0 = smem_desc(q_wg, 16, 1024);
@@ -1043,7 +1094,7 @@ extern "C" __global__ void __launch_bounds__(KC_NUM_WARPS * 32)
     }
     wgmma_commit();
   };
-  auto pack_p = [&](const float (&s)[kMT][kNT][4], unsigned (&pa)[kKV][4]) {
+  auto pack_p = [&](const float(&s)[kMT][kNT][4], unsigned(&pa)[kKV][4]) {
 #pragma unroll
     for (int kk = 0; kk < kKV; ++kk) {
       pa[kk][0] = pack2(s[0][2 * kk][0], s[0][2 * kk][1]);
@@ -1056,7 +1107,7 @@ extern "C" __global__ void __launch_bounds__(KC_NUM_WARPS * 32)
   // (transposed): LBO steps 64 columns of d, SBO steps 8 keys. P is packed
   // before the first wgmma: registers written between wgmmas would make
   // ptxas insert a warpgroup.arrive before each one.
-  auto pv_wgmma = [&](const unsigned (&pa)[kKV][4], int stage) {
+  auto pv_wgmma = [&](const unsigned(&pa)[kKV][4], int stage) {
     const unsigned long long dv0 = smem_desc(sV + stage * kVBytes, kBN * 128, 1024);
     wgmma_fence();
 #pragma unroll
@@ -1064,14 +1115,13 @@ extern "C" __global__ void __launch_bounds__(KC_NUM_WARPS * 32)
     wgmma_commit();
   };
   // P as the A operand of P V: zeros when this warp sees none of the tile.
-  auto zero_p = [&](unsigned (&pa)[kKV][4]) {
+  auto zero_p = [&](unsigned(&pa)[kKV][4]) {
 #pragma unroll
     for (int kk = 0; kk < kKV; ++kk) pa[kk][0] = pa[kk][1] = pa[kk][2] = pa[kk][3] = 0u;
   };
   // One key tile's masked online softmax (O rescaled to match), packed as P.
-  auto softmax_to_p = [&](float (&s)[kMT][kNT][4], float (&alpha)[kMT][2],
-                          unsigned (&pa)[kKV][4], int n0, int wcls,
-                          const unsigned (&vbits)[kVW]) {
+  auto softmax_to_p = [&](float(&s)[kMT][kNT][4], float(&alpha)[kMT][2], unsigned(&pa)[kKV][4],
+                          int n0, int wcls, const unsigned(&vbits)[kVW]) {
     if (wcls != 0) {
       score_and_mask(s, n0, wcls, vbits);
       softmax(s, alpha);
@@ -1130,7 +1180,7 @@ extern "C" __global__ void __launch_bounds__(KC_NUM_WARPS * 32)
     }
   } else
 #endif
-  if constexpr (!kOverlap) {
+      if constexpr (!kOverlap) {
     // Stage of iteration i and of the tile prefetched in it (i + kPrefetch).
     int stage = 0;
     int pstage = kPrefetch;
@@ -1376,8 +1426,8 @@ __device__ __forceinline__ void classify_expr_tiles(const AttentionParams& p) {
   const int lane = static_cast<int>(threadIdx.x) & 31;
   for (int t = warp; t < n_kv_tiles; t += 4) {
     const int n0 = t * BN;
-    const int c = classify_expr_tile<BM, BN>(p, b, h, m0, m1, n0, imin(n0 + BN, p.kv_len) - 1,
-                                             lane);
+    const int c =
+        classify_expr_tile<BM, BN>(p, b, h, m0, m1, n0, imin(n0 + BN, p.kv_len) - 1, lane);
     if (lane == 0) row[t] = static_cast<kc_i8>(c);
   }
 }

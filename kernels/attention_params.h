@@ -26,11 +26,11 @@ constexpr int kMaxExprBuffers = 8;
 // Buffers are numbered in the normalized spec's order (sorted by name).
 // Reads outside [0, extent) in any dimension yield 0 / 0.0f / false.
 struct KcBuffer {
-  const void* ptr;    // device pointer; element type fixed by the spec
-  kc_i32 rank;        // 1..4, must match the spec
+  const void* ptr;  // device pointer; element type fixed by the spec
+  kc_i32 rank;      // 1..4, must match the spec
   kc_i32 reserved;
-  kc_i64 extent[4];   // elements per dimension
-  kc_i64 stride[4];   // in elements
+  kc_i64 extent[4];  // elements per dimension
+  kc_i64 stride[4];  // in elements
 };
 
 // Tensor strides are in elements; the last (head) dimension is contiguous.
@@ -75,9 +75,9 @@ struct AttentionParams {
   const kc_i32* drafter_anchor;  // [batch, num_blocks]
   const kc_i8* drafter_keep;     // [batch, num_blocks], 0 or 1; null = all kept
   kc_i64 drafter_stride_b;
-  kc_i32 drafter_context_len;    // S: keys [0, S) are context
-  kc_i32 drafter_num_blocks;     // N: q_len == N * block_size
-  const float* alibi_slopes;     // [num_q_heads]
+  kc_i32 drafter_context_len;  // S: keys [0, S) are context
+  kc_i32 drafter_num_blocks;   // N: q_len == N * block_size
+  const float* alibi_slopes;   // [num_q_heads]
 
   // --- expression masks and score modifications ------------------------
   KcBuffer buffers[kMaxExprBuffers];

@@ -36,7 +36,8 @@ __device__ __forceinline__ bool visible(const AttentionParams& p, int b, int h, 
 #if KC_MASK == KC_MASK_CAUSAL || KC_MASK == KC_MASK_SLIDING_WINDOW
   const int off = KC_MASK_BOTTOM_RIGHT ? p.kv_len - p.q_len : 0;
   const int d = kv - (q + off);
-  return (KC_WINDOW_LEFT < 0 || d >= -KC_WINDOW_LEFT) && (KC_WINDOW_RIGHT < 0 || d <= KC_WINDOW_RIGHT);
+  return (KC_WINDOW_LEFT < 0 || d >= -KC_WINDOW_LEFT) &&
+         (KC_WINDOW_RIGHT < 0 || d <= KC_WINDOW_RIGHT);
 #elif KC_MASK == KC_MASK_DOCUMENT
   return p.q_seq_id[b * p.q_seq_id_stride_b + q] == p.kv_seq_id[b * p.kv_seq_id_stride_b + kv] &&
          (!KC_DOC_CAUSAL || kv <= q);

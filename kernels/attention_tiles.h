@@ -44,7 +44,7 @@ KC_TILES_HD constexpr int AttentionScratchBytes(int block_m) {
 // tiles, and the mask scratch (always reserved, so that the figure does not
 // depend on the mask kind).
 KC_TILES_HD constexpr int AttentionSmemBytes(int block_m, int block_n, int stages, int dqk, int dv,
-                                 int elem_bytes) {
+                                             int elem_bytes) {
   return block_m * dqk * elem_bytes + stages * block_n * (dqk + dv) * elem_bytes +
          AttentionScratchBytes(block_m);
 }
@@ -54,7 +54,9 @@ KC_TILES_HD constexpr int AttentionMaxSmemPerBlock(int arch) {
   return arch == 90 ? 232448 : arch == 80 ? 166912 : (arch == 86 || arch == 89) ? 101376 : 0;
 }
 
-KC_TILES_HD constexpr bool AttentionHeadDimSupported(int d) { return d == 64 || d == 128 || d == 256; }
+KC_TILES_HD constexpr bool AttentionHeadDimSupported(int d) {
+  return d == 64 || d == 128 || d == 256;
+}
 
 // Whether a configuration can be compiled and launched. Used for the spec's
 // Tuning overrides. t.smem_bytes is ignored (it is derived: AttentionSmemBytes
@@ -63,7 +65,7 @@ KC_TILES_HD constexpr bool AttentionHeadDimSupported(int d) { return d == 64 || 
 // (rows_per_warp/16 * (block_n + dv) / 2 <= 192 floats per thread); shared
 // memory within the architecture's limit.
 KC_TILES_HD constexpr bool AttentionTilesLegal(const AttentionTiles& t, int arch, int head_dim_qk,
-                                   int head_dim_v) {
+                                               int head_dim_v) {
   if (AttentionMaxSmemPerBlock(arch) == 0) return false;
   if (!AttentionHeadDimSupported(head_dim_qk) || !AttentionHeadDimSupported(head_dim_v)) {
     return false;
@@ -81,8 +83,9 @@ KC_TILES_HD constexpr bool AttentionTilesLegal(const AttentionTiles& t, int arch
 }
 
 // Fills in smem_bytes for a configuration (2-byte elements).
-KC_TILES_HD constexpr AttentionTiles MakeAttentionTiles(int block_m, int block_n, int num_warps, int stages,
-                                            int head_dim_qk, int head_dim_v) {
+KC_TILES_HD constexpr AttentionTiles MakeAttentionTiles(int block_m, int block_n, int num_warps,
+                                                        int stages, int head_dim_qk,
+                                                        int head_dim_v) {
   return AttentionTiles{block_m, block_n, num_warps, stages,
                         AttentionSmemBytes(block_m, block_n, stages, head_dim_qk, head_dim_v, 2)};
 }
@@ -162,8 +165,8 @@ KC_TILES_HD constexpr int AttentionBwdDsBuffers(int arch) { return arch >= 90 ? 
 KC_TILES_HD constexpr int AttentionBwdDkdvSmemBytes(int arch, int block_m, int block_n, int dqk,
                                                     int dv, bool wgmma = false) {
   return block_n * (dqk + dv) * 2 + 2 * block_m * (dqk + dv) * 2 +
-         AttentionBwdDsBuffers(arch) * block_n * block_m * 2 + 2 * block_m * 8 +
-         2 * block_m * 16 + 4 * kAttnBwdMaxList + 16 + (wgmma ? 1024 : 0);
+         AttentionBwdDsBuffers(arch) * block_n * block_m * 2 + 2 * block_m * 8 + 2 * block_m * 16 +
+         4 * kAttnBwdMaxList + 16 + (wgmma ? 1024 : 0);
 }
 
 // Whether the dK/dV kernel runs its products as wgmma (attention_bwd.cuh,
@@ -195,10 +198,11 @@ KC_TILES_HD constexpr AttentionBwdTiles SelectAttentionBwdTiles(int arch, int he
   if ((head_dim_qk != 64 && head_dim_qk != 128) || (head_dim_v != 64 && head_dim_v != 128)) {
     return zero;
   }
-  const AttentionBwdTiles t{64, 128, 8,
-                            AttentionBwdDkdvSmemBytes(arch, 64, 128, head_dim_qk, head_dim_v,
-                                                      AttentionBwdWgmma(arch, sm90a, head_dim_qk, head_dim_v)),
-                            AttentionBwdDqSmemBytes(64, 128, head_dim_qk, head_dim_v)};
+  const AttentionBwdTiles t{
+      64, 128, 8,
+      AttentionBwdDkdvSmemBytes(arch, 64, 128, head_dim_qk, head_dim_v,
+                                AttentionBwdWgmma(arch, sm90a, head_dim_qk, head_dim_v)),
+      AttentionBwdDqSmemBytes(64, 128, head_dim_qk, head_dim_v)};
   const int limit = AttentionMaxSmemPerBlock(arch);
   return t.smem_dkdv <= limit && t.smem_dq <= limit ? t : zero;
 }

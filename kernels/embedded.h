@@ -10,7 +10,7 @@
 namespace kcache::kernels {
 
 struct TemplateFile {
-  std::string_view name;      // file name, as used in #include "name"
+  std::string_view name;  // file name, as used in #include "name"
   std::string_view contents;
 };
 

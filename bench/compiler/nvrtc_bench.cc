@@ -189,7 +189,8 @@ CompileInput MakeInput(const std::string& source, const Flags& f) {
       while (dirent* e = readdir(d)) {
         std::string path = f.headers_dir + "/" + e->d_name;
         struct stat st;
-        if (stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode)) in.headers[e->d_name] = ReadFile(path);
+        if (stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode))
+          in.headers[e->d_name] = ReadFile(path);
       }
       closedir(d);
     }
@@ -245,10 +246,14 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto value = [&](const char* prefix) { return a.substr(std::strlen(prefix)); };
-    if (a.rfind("--source=", 0) == 0) f.source_path = value("--source=");
-    else if (a.rfind("--headers_dir=", 0) == 0) f.headers_dir = value("--headers_dir=");
-    else if (a.rfind("--arch=", 0) == 0) f.arch = value("--arch=");
-    else if (a.rfind("--opt=", 0) == 0) f.options.push_back(value("--opt="));
+    if (a.rfind("--source=", 0) == 0)
+      f.source_path = value("--source=");
+    else if (a.rfind("--headers_dir=", 0) == 0)
+      f.headers_dir = value("--headers_dir=");
+    else if (a.rfind("--arch=", 0) == 0)
+      f.arch = value("--arch=");
+    else if (a.rfind("--opt=", 0) == 0)
+      f.options.push_back(value("--opt="));
     else {
       std::fprintf(stderr, "unknown flag %s\n", argv[i]);
       return 2;
@@ -269,8 +274,9 @@ int main(int argc, char** argv) {
     absl::StatusOr<kcache::CompileOutput> out = nvrtc.Compile(first);
     if (!out.ok()) std::fprintf(stderr, "%s\n", out.status().ToString().c_str());
   }
-  std::printf("cold: NVRTC dlopen %.1f ms; first compile of the tiny kernel in this process %.1f ms\n",
-              absl::ToDoubleMilliseconds(load), absl::ToDoubleMilliseconds(absl::Now() - t0));
+  std::printf(
+      "cold: NVRTC dlopen %.1f ms; first compile of the tiny kernel in this process %.1f ms\n",
+      absl::ToDoubleMilliseconds(load), absl::ToDoubleMilliseconds(absl::Now() - t0));
   // The worker sits next to this binary's build dir: build/bench/compiler ->
   // build/compiler/kcache-compile-worker.
   kcache::WorkerPoolOptions wo;
@@ -290,15 +296,19 @@ int main(int argc, char** argv) {
     sources.emplace_back("mma_attention_like", kcache::kMmaKernel);
   }
   benchmark::RegisterBenchmark("ToolchainFingerprint", kcache::BM_ToolchainFingerprint, &nvrtc)
-      ->Unit(benchmark::kMillisecond)->Iterations(3);
+      ->Unit(benchmark::kMillisecond)
+      ->Iterations(3);
   for (const auto& [name, src] : sources) {
     kcache::CompileInput in = kcache::MakeInput(src, f);
-    benchmark::RegisterBenchmark(("InProcess/" + name + "/" + f.arch).c_str(),
-                                 kcache::BM_InProcess, &nvrtc, in)
-        ->Unit(benchmark::kMillisecond)->MeasureProcessCPUTime()->UseRealTime();
+    benchmark::RegisterBenchmark(("InProcess/" + name + "/" + f.arch).c_str(), kcache::BM_InProcess,
+                                 &nvrtc, in)
+        ->Unit(benchmark::kMillisecond)
+        ->MeasureProcessCPUTime()
+        ->UseRealTime();
     benchmark::RegisterBenchmark(("Worker/" + name + "/" + f.arch).c_str(), kcache::BM_Worker,
                                  &pool, in)
-        ->Unit(benchmark::kMillisecond)->UseRealTime();
+        ->Unit(benchmark::kMillisecond)
+        ->UseRealTime();
   }
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();

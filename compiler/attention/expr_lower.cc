@@ -493,7 +493,8 @@ class RangeLowerer {
 };
 
 // The interval helpers kc_expr_mask_tile's body calls.
-constexpr const char* kRangeHelpers = R"(// Interval arithmetic for kc_expr_mask_tile (compiler/attention/expr_lower.cc).
+constexpr const char* kRangeHelpers =
+    R"(// Interval arithmetic for kc_expr_mask_tile (compiler/attention/expr_lower.cc).
 struct kc_ir { kc_i64 lo, hi; };  // int32 values in [lo, hi]
 struct kc_br { bool t, f; };      // may be true, may be false
 __device__ __forceinline__ kc_ir kc_ir_fit(kc_i64 lo, kc_i64 hi) {
@@ -567,8 +568,9 @@ std::string RangeReadHelper(int slot, ExprType type, uint32_t rank) {
   std::string params, sizes, idx, args;
   for (uint32_t d = 0; d < rank; ++d) {
     absl::StrAppend(&params, ", kc_ir i", d);
-    absl::StrAppend(&sizes, "  const kc_i64 n", d, " = i", d, ".hi - i", d, ".lo + 1;\n",
-                    "  if (n", d, " > 64) return ", is_bool ? "kc_br{true, true}" : "kc_ir{-2147483648LL, 2147483647LL}", ";\n",
+    absl::StrAppend(&sizes, "  const kc_i64 n", d, " = i", d, ".hi - i", d, ".lo + 1;\n", "  if (n",
+                    d, " > 64) return ",
+                    is_bool ? "kc_br{true, true}" : "kc_ir{-2147483648LL, 2147483647LL}", ";\n",
                     "  n *= n", d, ";\n");
     absl::StrAppend(&sizes, "  const int m", d, " = static_cast<int>(n", d, ");\n");
   }

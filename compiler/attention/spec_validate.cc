@@ -232,7 +232,8 @@ class ExprChecker {
       case Op::OP_MOD:
       case Op::OP_FLOORDIV:
         if (lt != ExprType::kInt) {
-          return Invalid(lhs_path, absl::StrCat("type float, expected int (", name, " is int only)"));
+          return Invalid(lhs_path,
+                         absl::StrCat("type float, expected int (", name, " is int only)"));
         }
         *type = lt;
         return absl::OkStatus();

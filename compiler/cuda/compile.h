@@ -24,10 +24,10 @@ struct RawSource {
   std::vector<std::string> kernel_names;  // entry points that must be in it
 };
 
-// One NVRTC compile (or, with `raw` set, one raw-kernel compile). The toolchain's canonical options (CanonicalNvrtcOptions
-// in compiler/cuda/nvrtc.h) and `--gpu-architecture=<arch>` are always added;
-// `extra_options` come after them and are NOT part of the toolchain
-// fingerprint: a caller that uses them must fold them into its cache key.
+// One NVRTC compile (or, with `raw` set, one raw-kernel compile). The toolchain's canonical options
+// (CanonicalNvrtcOptions in compiler/cuda/nvrtc.h) and `--gpu-architecture=<arch>` are always
+// added; `extra_options` come after them and are NOT part of the toolchain fingerprint: a caller
+// that uses them must fold them into its cache key.
 struct CompileInput {
   std::string source;        // CUDA C++ translation unit
   std::string program_name;  // shown in diagnostics, e.g. "kcache_attn.cu"
@@ -56,10 +56,10 @@ struct KernelReport {
 };
 
 struct CompileOutput {
-  std::string cubin;  // ELF bytes from nvrtcGetCUBIN
-  std::string log;    // NVRTC's full program log (warnings + ptxas report)
+  std::string cubin;                  // ELF bytes from nvrtcGetCUBIN
+  std::string log;                    // NVRTC's full program log (warnings + ptxas report)
   std::vector<KernelReport> kernels;  // entry functions, in log order
-  absl::Duration wall_time;  // create + compile + fetch, as seen by the compiler
+  absl::Duration wall_time;           // create + compile + fetch, as seen by the compiler
 };
 
 // Anything that compiles a CompileInput: InProcessCompiler (compiler/cuda/nvrtc.h),
@@ -86,8 +86,7 @@ inline bool IsCompileLimitExceeded(const absl::Status& s) {
 class Compiler {
  public:
   virtual ~Compiler() = default;
-  virtual absl::StatusOr<CompileOutput> Compile(const CompileInput& input,
-                                                absl::Time deadline) = 0;
+  virtual absl::StatusOr<CompileOutput> Compile(const CompileInput& input, absl::Time deadline) = 0;
 };
 
 }  // namespace kcache

@@ -13,12 +13,11 @@
 #include <type_traits>
 #include <utility>
 
-#include "kernels/attention_params.h"
-
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "compiler/cuda/cuda_library.h"
+#include "kernels/attention_params.h"
 
 namespace kcache {
 
@@ -66,9 +65,9 @@ absl::Status CuStatus(const CudaDriverApi* api, CUresult r, absl::string_view wh
   const char* desc = nullptr;
   if (api && api->GetErrorName) api->GetErrorName(r, &name);
   if (api && api->GetErrorString) api->GetErrorString(r, &desc);
-  const std::string msg = absl::StrCat(what, ": ", name ? name : "CUDA error", " (",
-                                       static_cast<int>(r), ")", desc ? ": " : "",
-                                       desc ? desc : "");
+  const std::string msg =
+      absl::StrCat(what, ": ", name ? name : "CUDA error", " (", static_cast<int>(r), ")",
+                   desc ? ": " : "", desc ? desc : "");
   switch (r) {
     case CUDA_ERROR_INVALID_IMAGE:
     case CUDA_ERROR_NO_BINARY_FOR_GPU:
@@ -125,8 +124,7 @@ bool CanVerifyArch(const DeviceInfo& device, absl::string_view cubin_arch) {
   if (cubin_arch == device.arch) return true;
   // The arch-specific ('a') and family ('f') variants of the device's own
   // architecture load on it too.
-  return cubin_arch.size() == device.arch.size() + 1 &&
-         absl::StartsWith(cubin_arch, device.arch) &&
+  return cubin_arch.size() == device.arch.size() + 1 && absl::StartsWith(cubin_arch, device.arch) &&
          (cubin_arch.back() == 'a' || cubin_arch.back() == 'f');
 }
 
@@ -201,11 +199,11 @@ std::unique_ptr<CudaDevices> CudaDevices::Open(const std::string& library_path) 
     d.info.ordinal = i;
     absl::Status s = CuStatus(api.get(), api->DeviceGet(&d.device, i), "cuDeviceGet");
     char name[256] = {};
-    if (s.ok()) s = CuStatus(api.get(), api->DeviceGetName(name, sizeof(name), d.device),
-                             "cuDeviceGetName");
+    if (s.ok())
+      s = CuStatus(api.get(), api->DeviceGetName(name, sizeof(name), d.device), "cuDeviceGetName");
     const auto attr = [&](CUdevice_attribute a, int* out) {
-      if (s.ok()) s = CuStatus(api.get(), api->DeviceGetAttribute(out, a, d.device),
-                               "cuDeviceGetAttribute");
+      if (s.ok())
+        s = CuStatus(api.get(), api->DeviceGetAttribute(out, a, d.device), "cuDeviceGetAttribute");
     };
     attr(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, &d.info.cc_major);
     attr(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, &d.info.cc_minor);
@@ -213,8 +211,9 @@ std::unique_ptr<CudaDevices> CudaDevices::Open(const std::string& library_path) 
     attr(CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, &d.info.max_smem_per_block_optin);
     size_t mem = 0;
     if (s.ok()) s = CuStatus(api.get(), api->DeviceTotalMem(&mem, d.device), "cuDeviceTotalMem");
-    if (s.ok()) s = CuStatus(api.get(), api->DevicePrimaryCtxRetain(&d.primary, d.device),
-                             "cuDevicePrimaryCtxRetain");
+    if (s.ok())
+      s = CuStatus(api.get(), api->DevicePrimaryCtxRetain(&d.primary, d.device),
+                   "cuDevicePrimaryCtxRetain");
     if (!s.ok()) {
       // Release what was retained so far; one broken device means the
       // daemon should not pretend to verify.
@@ -260,8 +259,8 @@ absl::StatusOr<VerifyResult> CudaDevices::Verify(int ordinal, absl::string_view 
   // cuModuleLoadData reads the image up to its ELF size; the string_view's
   // bytes need no terminator for a cubin.
   CUmodule module = nullptr;
-  if (absl::Status s = CuStatus(api_.get(), api_->ModuleLoadData(&module, cubin.data()),
-                                "cuModuleLoadData");
+  if (absl::Status s =
+          CuStatus(api_.get(), api_->ModuleLoadData(&module, cubin.data()), "cuModuleLoadData");
       !s.ok()) {
     return s;
   }
@@ -283,28 +282,28 @@ absl::StatusOr<VerifyResult> CudaDevices::Verify(int ordinal, absl::string_view 
       s = CuStatus(api_.get(),
                    api_->FuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                                           req.dynamic_smem_bytes),
-                   absl::StrCat("cuFuncSetAttribute(", req.name, ", MAX_DYNAMIC_SHARED_SIZE_BYTES=",
-                                req.dynamic_smem_bytes, ")"));
+                   absl::StrCat("cuFuncSetAttribute(", req.name,
+                                ", MAX_DYNAMIC_SHARED_SIZE_BYTES=", req.dynamic_smem_bytes, ")"));
       if (!s.ok()) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "entry ", req.name, " needs ", req.dynamic_smem_bytes,
-            " bytes of dynamic shared memory; device ", ordinal, " allows at most ",
-            dev.info.max_smem_per_block_optin, " per block in total: ", s.message()));
+        return absl::FailedPreconditionError(
+            absl::StrCat("entry ", req.name, " needs ", req.dynamic_smem_bytes,
+                         " bytes of dynamic shared memory; device ", ordinal, " allows at most ",
+                         dev.info.max_smem_per_block_optin, " per block in total: ", s.message()));
       }
     }
     EntryResources r;
     r.name = req.name;
     const auto get = [&](CUfunction_attribute a, int* out, const char* what) {
-      if (s.ok()) s = CuStatus(api_.get(), api_->FuncGetAttribute(out, a, fn),
-                               absl::StrCat("cuFuncGetAttribute(", req.name, ", ", what, ")"));
+      if (s.ok())
+        s = CuStatus(api_.get(), api_->FuncGetAttribute(out, a, fn),
+                     absl::StrCat("cuFuncGetAttribute(", req.name, ", ", what, ")"));
     };
     get(CU_FUNC_ATTRIBUTE_NUM_REGS, &r.registers, "NUM_REGS");
     get(CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, &r.static_smem_bytes, "SHARED_SIZE_BYTES");
     get(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, &r.max_dynamic_smem_bytes,
         "MAX_DYNAMIC_SHARED_SIZE_BYTES");
     get(CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, &r.local_bytes, "LOCAL_SIZE_BYTES");
-    get(CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK, &r.max_threads_per_block,
-        "MAX_THREADS_PER_BLOCK");
+    get(CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK, &r.max_threads_per_block, "MAX_THREADS_PER_BLOCK");
     if (!s.ok()) return s;
     if (req.threads_per_block > r.max_threads_per_block) {
       return absl::FailedPreconditionError(
@@ -316,7 +315,6 @@ absl::StatusOr<VerifyResult> CudaDevices::Verify(int ordinal, absl::string_view 
   }
   return result;
 }
-
 
 namespace {
 
@@ -469,10 +467,12 @@ absl::StatusOr<AttentionCheckDiff> CudaDevices::RunAttentionCheck(
   const size_t n_o = static_cast<size_t>(B) * Hq * Lq * dv;
   chain(set(p.o, upload(nullptr, n_o * 2)));
   chain(set(p.lse, upload(nullptr, static_cast<size_t>(B) * Hq * Lq * 4)));
-  p.q_stride_s = dqk, p.q_stride_h = static_cast<kc_i64>(Lq) * dqk, p.q_stride_b = p.q_stride_h * Hq;
+  p.q_stride_s = dqk, p.q_stride_h = static_cast<kc_i64>(Lq) * dqk,
+  p.q_stride_b = p.q_stride_h * Hq;
   p.k_stride_s = dqk, p.k_stride_h = static_cast<kc_i64>(Lkv) * dqk,
   p.k_stride_b = p.k_stride_h * Hkv;
-  p.v_stride_s = dv, p.v_stride_h = static_cast<kc_i64>(Lkv) * dv, p.v_stride_b = p.v_stride_h * Hkv;
+  p.v_stride_s = dv, p.v_stride_h = static_cast<kc_i64>(Lkv) * dv,
+  p.v_stride_b = p.v_stride_h * Hkv;
   p.o_stride_s = dv, p.o_stride_h = static_cast<kc_i64>(Lq) * dv, p.o_stride_b = p.o_stride_h * Hq;
   p.lse_stride_h = Lq, p.lse_stride_b = static_cast<kc_i64>(Lq) * Hq;
   p.batch = B, p.num_q_heads = Hq, p.num_kv_heads = Hkv, p.q_len = Lq, p.kv_len = Lkv;
@@ -498,7 +498,8 @@ absl::StatusOr<AttentionCheckDiff> CudaDevices::RunAttentionCheck(
     p.drafter_stride_b = N, p.drafter_context_len = S, p.drafter_num_blocks = N;
   }
   std::vector<float> slopes(static_cast<size_t>(Hq));
-  for (int h = 0; h < Hq; ++h) slopes[h] = 0.05f * static_cast<float>(h + 1) / static_cast<float>(Hq);
+  for (int h = 0; h < Hq; ++h)
+    slopes[h] = 0.05f * static_cast<float>(h + 1) / static_cast<float>(Hq);
   chain(set(p.alibi_slopes, upload(slopes.data(), slopes.size() * 4)));
   for (size_t i = 0; i < k.buffers.size(); ++i) {
     const int rank = k.buffers[i].rank < 1 ? 1 : (k.buffers[i].rank > 4 ? 4 : k.buffers[i].rank);
@@ -525,20 +526,22 @@ absl::StatusOr<AttentionCheckDiff> CudaDevices::RunAttentionCheck(
       for (auto& x : v) x = static_cast<int32_t>(rng() % static_cast<unsigned>(Lkv + 1));
       ptr = upload(v.data(), n * 4);
     }
-    if (!ptr.ok()) chain(ptr.status());
-    else kb.ptr = reinterpret_cast<const void*>(*ptr);
+    if (!ptr.ok())
+      chain(ptr.status());
+    else
+      kb.ptr = reinterpret_cast<const void*>(*ptr);
   }
   if (!s.ok()) return s;
 
   const auto launch = [&](CUfunction fn, int gx, int threads, int smem,
                           kcache::AttentionParams* params, const char* what) {
     void* args[] = {params};
-    absl::Status st = CuStatus(&api,
-                               api.LaunchKernel(fn, static_cast<unsigned>(gx),
-                                                static_cast<unsigned>(Hq), B,
-                                                static_cast<unsigned>(threads), 1, 1,
-                                                static_cast<unsigned>(smem), nullptr, args, nullptr),
-                               absl::StrCat("cuLaunchKernel(", what, ")"));
+    absl::Status st =
+        CuStatus(&api,
+                 api.LaunchKernel(fn, static_cast<unsigned>(gx), static_cast<unsigned>(Hq), B,
+                                  static_cast<unsigned>(threads), 1, 1, static_cast<unsigned>(smem),
+                                  nullptr, args, nullptr),
+                 absl::StrCat("cuLaunchKernel(", what, ")"));
     if (st.ok()) st = CuStatus(&api, api.CtxSynchronize(), absl::StrCat("run of ", what));
     return st;
   };

@@ -18,7 +18,7 @@ namespace kcache {
 struct CudaDriverApi;  // internal: the resolved driver entry points
 
 struct DeviceInfo {
-  int ordinal = 0;  // CUDA device ordinal (as CUDA_VISIBLE_DEVICES numbers it)
+  int ordinal = 0;   // CUDA device ordinal (as CUDA_VISIBLE_DEVICES numbers it)
   std::string name;  // "NVIDIA H200"
   int cc_major = 0;
   int cc_minor = 0;
@@ -132,8 +132,7 @@ class CudaDevices final : public Devices {
 
   absl::Status Availability() const override;
   std::vector<DeviceInfo> List() const override;
-  absl::StatusOr<VerifyResult> Verify(int ordinal, absl::string_view arch,
-                                      absl::string_view cubin,
+  absl::StatusOr<VerifyResult> Verify(int ordinal, absl::string_view arch, absl::string_view cubin,
                                       const std::vector<EntryRequirement>& entries) override;
 
   // Runs `kernel` (from `cubin`) and the reference (from `reference_cubin`)

@@ -32,8 +32,8 @@ absl::StatusOr<void*> OpenCudaLibrary(absl::string_view display_name, absl::stri
     const char* err = dlerror();
     tried.push_back(absl::StrCat(path, " (", err ? err : "unknown error", ")"));
   }
-  return absl::UnavailableError(absl::StrCat(display_name, " could not be loaded; tried: ",
-                                             absl::StrJoin(tried, "; ")));
+  return absl::UnavailableError(
+      absl::StrCat(display_name, " could not be loaded; tried: ", absl::StrJoin(tried, "; ")));
 }
 
 void* CudaSymbols::Find(const char* name) {

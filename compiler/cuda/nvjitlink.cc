@@ -30,24 +30,34 @@ namespace {
 
 const char* ResultName(nvJitLinkResult r) {
   switch (r) {
-    case NVJITLINK_SUCCESS: return "NVJITLINK_SUCCESS";
-    case NVJITLINK_ERROR_UNRECOGNIZED_OPTION: return "NVJITLINK_ERROR_UNRECOGNIZED_OPTION";
-    case NVJITLINK_ERROR_MISSING_ARCH: return "NVJITLINK_ERROR_MISSING_ARCH";
-    case NVJITLINK_ERROR_INVALID_INPUT: return "NVJITLINK_ERROR_INVALID_INPUT";
-    case NVJITLINK_ERROR_PTX_COMPILE: return "NVJITLINK_ERROR_PTX_COMPILE";
-    case NVJITLINK_ERROR_NVVM_COMPILE: return "NVJITLINK_ERROR_NVVM_COMPILE";
-    case NVJITLINK_ERROR_INTERNAL: return "NVJITLINK_ERROR_INTERNAL";
-    case NVJITLINK_ERROR_UNRECOGNIZED_ARCH: return "NVJITLINK_ERROR_UNRECOGNIZED_ARCH";
-    case NVJITLINK_ERROR_UNSUPPORTED_ARCH: return "NVJITLINK_ERROR_UNSUPPORTED_ARCH";
-    case NVJITLINK_ERROR_ARCH_MISMATCH: return "NVJITLINK_ERROR_ARCH_MISMATCH";
-    default: return "nvJitLink error";
+    case NVJITLINK_SUCCESS:
+      return "NVJITLINK_SUCCESS";
+    case NVJITLINK_ERROR_UNRECOGNIZED_OPTION:
+      return "NVJITLINK_ERROR_UNRECOGNIZED_OPTION";
+    case NVJITLINK_ERROR_MISSING_ARCH:
+      return "NVJITLINK_ERROR_MISSING_ARCH";
+    case NVJITLINK_ERROR_INVALID_INPUT:
+      return "NVJITLINK_ERROR_INVALID_INPUT";
+    case NVJITLINK_ERROR_PTX_COMPILE:
+      return "NVJITLINK_ERROR_PTX_COMPILE";
+    case NVJITLINK_ERROR_NVVM_COMPILE:
+      return "NVJITLINK_ERROR_NVVM_COMPILE";
+    case NVJITLINK_ERROR_INTERNAL:
+      return "NVJITLINK_ERROR_INTERNAL";
+    case NVJITLINK_ERROR_UNRECOGNIZED_ARCH:
+      return "NVJITLINK_ERROR_UNRECOGNIZED_ARCH";
+    case NVJITLINK_ERROR_UNSUPPORTED_ARCH:
+      return "NVJITLINK_ERROR_UNSUPPORTED_ARCH";
+    case NVJITLINK_ERROR_ARCH_MISMATCH:
+      return "NVJITLINK_ERROR_ARCH_MISMATCH";
+    default:
+      return "nvJitLink error";
   }
 }
 
 // The one adapter from nvJitLinkResult to absl::Status. `what` names the
 // call; `log` (nvJitLink's error log) is appended when non-empty.
-absl::Status JitLinkStatus(nvJitLinkResult r, absl::string_view what,
-                           absl::string_view log = {}) {
+absl::Status JitLinkStatus(nvJitLinkResult r, absl::string_view what, absl::string_view log = {}) {
   if (r == NVJITLINK_SUCCESS) return absl::OkStatus();
   std::string msg = absl::StrCat(what, ": ", ResultName(r), " (", static_cast<int>(r), ")");
   if (!log.empty()) absl::StrAppend(&msg, "\n", log);
@@ -73,7 +83,11 @@ absl::Status JitLinkStatus(nvJitLinkResult r, absl::string_view what,
 
 const std::vector<std::string>& CanonicalNvJitLinkOptions() {
   static const auto* const kOptions = new std::vector<std::string>{
-      "-O3", "-ftz=0", "-prec-div=1", "-prec-sqrt=1", "-fma=1",
+      "-O3",
+      "-ftz=0",
+      "-prec-div=1",
+      "-prec-sqrt=1",
+      "-fma=1",
       // Resource report into the info log; does not change the code.
       "-Xptxas=-v",
   };
@@ -169,12 +183,14 @@ absl::StatusOr<LinkOutput> NvJitLink::LinkPtx(absl::string_view ptx, absl::strin
                          error_log());
   }
   size_t size = 0;
-  if (absl::Status s = JitLinkStatus(api.GetLinkedCubinSize(h, &size), "nvJitLinkGetLinkedCubinSize");
+  if (absl::Status s =
+          JitLinkStatus(api.GetLinkedCubinSize(h, &size), "nvJitLinkGetLinkedCubinSize");
       !s.ok()) {
     return s;
   }
   out.cubin.resize(size);
-  if (absl::Status s = JitLinkStatus(api.GetLinkedCubin(h, out.cubin.data()), "nvJitLinkGetLinkedCubin");
+  if (absl::Status s =
+          JitLinkStatus(api.GetLinkedCubin(h, out.cubin.data()), "nvJitLinkGetLinkedCubin");
       !s.ok()) {
     return s;
   }

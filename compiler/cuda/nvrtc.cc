@@ -23,8 +23,8 @@ namespace {
 absl::Status NvrtcStatus(nvrtcResult r, const char* (*error_string)(nvrtcResult),
                          absl::string_view what, absl::string_view detail = {}) {
   if (r == NVRTC_SUCCESS) return absl::OkStatus();
-  std::string msg = absl::StrCat(what, ": ", error_string ? error_string(r) : "nvrtc error",
-                                 " (", static_cast<int>(r), ")");
+  std::string msg = absl::StrCat(what, ": ", error_string ? error_string(r) : "nvrtc error", " (",
+                                 static_cast<int>(r), ")");
   if (!detail.empty()) absl::StrAppend(&msg, "\n", detail);
   switch (r) {
     case NVRTC_ERROR_COMPILATION:
@@ -106,8 +106,8 @@ std::vector<KernelReport> ParsePtxasReport(absl::string_view log) {
   // Device functions that are not inlined get "Function properties" blocks
   // too but no "Used" line; only functions with a "Used" line are reported.
   std::vector<KernelReport> out;
-  std::string current;           // function whose report is being read
-  KernelReport pending;          // properties seen for `current`
+  std::string current;   // function whose report is being read
+  KernelReport pending;  // properties seen for `current`
   bool have_pending = false;
   for (absl::string_view line : absl::StrSplit(log, '\n')) {
     line = absl::StripAsciiWhitespace(line);
@@ -207,11 +207,11 @@ absl::StatusOr<std::string> Nvrtc::LibraryPath() const {
   return LoadedLibraryPath(reinterpret_cast<void*>((*api)->Version), "NVRTC");
 }
 
-absl::StatusOr<CompileOutput> Nvrtc::Compile(const CompileInput& input,
-                                             absl::Time deadline) const {
+absl::StatusOr<CompileOutput> Nvrtc::Compile(const CompileInput& input, absl::Time deadline) const {
   if (input.raw.has_value()) {
     return absl::UnimplementedError(
-        "raw kernels compile only in kcache-compile-worker (compiler/worker/raw_compile.h), not NVRTC");
+        "raw kernels compile only in kcache-compile-worker (compiler/worker/raw_compile.h), not "
+        "NVRTC");
   }
   if (absl::Status s = ValidateArch(input.arch); !s.ok()) return s;
   if (input.source.empty()) return absl::InvalidArgumentError("source: empty");
@@ -236,11 +236,10 @@ absl::StatusOr<CompileOutput> Nvrtc::Compile(const CompileInput& input,
   }
   const std::string name = input.program_name.empty() ? "kcache.cu" : input.program_name;
   nvrtcProgram prog = nullptr;
-  absl::Status s = NvrtcStatus(
-      api.CreateProgram(&prog, input.source.c_str(), name.c_str(),
-                        static_cast<int>(header_names.size()), header_sources.data(),
-                        header_names.data()),
-      api.GetErrorString, "nvrtcCreateProgram");
+  absl::Status s = NvrtcStatus(api.CreateProgram(&prog, input.source.c_str(), name.c_str(),
+                                                 static_cast<int>(header_names.size()),
+                                                 header_sources.data(), header_names.data()),
+                               api.GetErrorString, "nvrtcCreateProgram");
   if (!s.ok()) return s;
   struct Destroy {
     const Api& api;
@@ -250,8 +249,8 @@ absl::StatusOr<CompileOutput> Nvrtc::Compile(const CompileInput& input,
 
   absl::Time deadline_copy = deadline;  // outlives the compile call below
   if (deadline != absl::InfiniteFuture()) {
-    s = NvrtcStatus(api.SetFlowCallback(prog, &FlowCallback, &deadline_copy),
-                    api.GetErrorString, "nvrtcSetFlowCallback");
+    s = NvrtcStatus(api.SetFlowCallback(prog, &FlowCallback, &deadline_copy), api.GetErrorString,
+                    "nvrtcSetFlowCallback");
     if (!s.ok()) return s;
   }
 
@@ -271,8 +270,7 @@ absl::StatusOr<CompileOutput> Nvrtc::Compile(const CompileInput& input,
                        absl::StrCat("NVRTC compile of ", name, " for ", input.arch), out.log);
   }
   size_t cubin_size = 0;
-  s = NvrtcStatus(api.GetCUBINSize(prog, &cubin_size), api.GetErrorString,
-                  "nvrtcGetCUBINSize");
+  s = NvrtcStatus(api.GetCUBINSize(prog, &cubin_size), api.GetErrorString, "nvrtcGetCUBINSize");
   if (!s.ok()) return s;
   out.cubin.resize(cubin_size);
   s = NvrtcStatus(api.GetCUBIN(prog, out.cubin.data()), api.GetErrorString, "nvrtcGetCUBIN");

@@ -86,8 +86,7 @@ class Nvrtc {
 class InProcessCompiler : public Compiler {
  public:
   explicit InProcessCompiler(const Nvrtc* nvrtc) : nvrtc_(nvrtc) {}
-  absl::StatusOr<CompileOutput> Compile(const CompileInput& input,
-                                        absl::Time deadline) override {
+  absl::StatusOr<CompileOutput> Compile(const CompileInput& input, absl::Time deadline) override {
     return nvrtc_->Compile(input, deadline);
   }
 

@@ -90,8 +90,8 @@ absl::StatusOr<CubinInfo> ReadCubin(absl::string_view cubin) {
   if (elf == nullptr) return absl::InvalidArgumentError("cubin: not a 64-bit little-endian ELF");
   const auto& header = elf->getELFFile().getHeader();
   if (header.e_machine != llvm::ELF::EM_CUDA) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("cubin: ELF machine ", static_cast<unsigned>(header.e_machine), ", not EM_CUDA (190)"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cubin: ELF machine ", static_cast<unsigned>(header.e_machine), ", not EM_CUDA (190)"));
   }
   CubinInfo info;
   const uint32_t flags = static_cast<uint32_t>(header.e_flags);
@@ -135,8 +135,8 @@ absl::StatusOr<CubinInfo> ReadCubin(absl::string_view cubin) {
     const size_t at = notes.find("-arch sm_");
     if (at != std::string_view::npos) {
       size_t end = at + 6;
-      while (end < notes.size() && (std::isalnum(static_cast<unsigned char>(notes[end])) ||
-                                    notes[end] == '_')) {
+      while (end < notes.size() &&
+             (std::isalnum(static_cast<unsigned char>(notes[end])) || notes[end] == '_')) {
         ++end;
       }
       const std::string_view told = notes.substr(at + 6, end - at - 6);

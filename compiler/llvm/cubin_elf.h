@@ -18,9 +18,9 @@ namespace kcache {
 
 struct CubinKernel {
   std::string name;
-  bool entry = false;            // a kernel (STO_CUDA_ENTRY), not a device function
-  int64_t code_bytes = -1;       // size of .text.<name>
-  int64_t registers = -1;        // EIATTR_REGCOUNT
+  bool entry = false;       // a kernel (STO_CUDA_ENTRY), not a device function
+  int64_t code_bytes = -1;  // size of .text.<name>
+  int64_t registers = -1;   // EIATTR_REGCOUNT
   // Size of .nv.shared.<name> (0 when absent). From sm_90 on it includes
   // the shared memory the driver reserves (see CubinInfo::notes).
   int64_t static_smem_bytes = -1;

@@ -154,7 +154,6 @@ void DropDebugTarget(std::string& ptx) {
 
 }  // namespace
 
-
 LlvmVersion LinkedLlvmVersion() {
   return LlvmVersion{LLVM_VERSION_MAJOR, LLVM_VERSION_MINOR, LLVM_VERSION_STRING};
 }
@@ -181,7 +180,8 @@ std::optional<LlvmVersion> DeclaredLlvmVersion(absl::string_view ir, bool bitcod
 absl::StatusOr<std::string> LlvmIrToPtx(absl::string_view ir, const IrToPtxOptions& options) {
   InitNvptxOnce();
   if (ir.empty()) return absl::InvalidArgumentError("raw.source: empty");
-  const bool looks_bitcode = ir.size() >= 4 && ir.substr(0, 4) == absl::string_view("BC\xC0\xDE", 4);
+  const bool looks_bitcode =
+      ir.size() >= 4 && ir.substr(0, 4) == absl::string_view("BC\xC0\xDE", 4);
   if (options.bitcode != looks_bitcode) {
     return absl::InvalidArgumentError(
         options.bitcode ? "raw.source: FORMAT_LLVM_BITCODE, but the bytes do not start with the "
@@ -197,11 +197,12 @@ absl::StatusOr<std::string> LlvmIrToPtx(absl::string_view ir, const IrToPtxOptio
     return absl::InvalidArgumentError(absl::StrCat(
         "raw.source: written by LLVM ", declared->text, ", newer than the LLVM ", linked.text,
         " that kcache links; LLVM reads IR of its own release or older only. Send PTX, or IR "
-        "from LLVM ", linked.major, ".", linked.minor, " or older"));
+        "from LLVM ",
+        linked.major, ".", linked.minor, " or older"));
   }
   // Textual IR: LLVM's parser wants a NUL-terminated buffer.
-  std::unique_ptr<llvm::MemoryBuffer> buffer = llvm::MemoryBuffer::getMemBufferCopy(
-      llvm::StringRef(ir.data(), ir.size()), "raw.source");
+  std::unique_ptr<llvm::MemoryBuffer> buffer =
+      llvm::MemoryBuffer::getMemBufferCopy(llvm::StringRef(ir.data(), ir.size()), "raw.source");
   llvm::LLVMContext context;
   llvm::SMDiagnostic diag;
   std::unique_ptr<llvm::Module> module = llvm::parseIR(buffer->getMemBufferRef(), diag, context);
@@ -213,7 +214,8 @@ absl::StatusOr<std::string> LlvmIrToPtx(absl::string_view ir, const IrToPtxOptio
         declared ? ""
                  : absl::StrCat(" (IR from an LLVM newer than ", linked.text,
                                 " can use syntax this one does not know; send PTX, or IR from "
-                                "LLVM ", linked.major, ".", linked.minor, " or older)")));
+                                "LLVM ",
+                                linked.major, ".", linked.minor, " or older)")));
   }
   {
     std::string errors;
@@ -226,8 +228,8 @@ absl::StatusOr<std::string> LlvmIrToPtx(absl::string_view ir, const IrToPtxOptio
   const llvm::Triple triple(kTriple);
   const llvm::Triple& module_triple = module->getTargetTriple();
   if (!module_triple.str().empty() && module_triple.getArch() != llvm::Triple::nvptx64) {
-    return absl::InvalidArgumentError(absl::StrCat("raw.source: target triple \"",
-                                                   module_triple.str(), "\" is not ", kTriple));
+    return absl::InvalidArgumentError(
+        absl::StrCat("raw.source: target triple \"", module_triple.str(), "\" is not ", kTriple));
   }
   module->setTargetTriple(triple);
 
@@ -249,14 +251,14 @@ absl::StatusOr<std::string> LlvmIrToPtx(absl::string_view ir, const IrToPtxOptio
     const std::string& name = options.kernel_names[i];
     const llvm::Function* f = module->getFunction(name);
     if (f == nullptr || f->isDeclaration()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("raw.kernel_names[", i, "]: no function \"", name, "\" is defined in the IR"));
+      return absl::InvalidArgumentError(absl::StrCat("raw.kernel_names[", i, "]: no function \"",
+                                                     name, "\" is defined in the IR"));
     }
     if (f->getCallingConv() != llvm::CallingConv::PTX_Kernel && !annotated.count(f)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "raw.kernel_names[", i, "]: \"", name,
-          "\" is not a kernel (give it the ptx_kernel calling convention or an "
-          "!nvvm.annotations \"kernel\" entry)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("raw.kernel_names[", i, "]: \"", name,
+                       "\" is not a kernel (give it the ptx_kernel calling convention or an "
+                       "!nvvm.annotations \"kernel\" entry)"));
     }
     if (options.enable_test_faults && name == "kcache_test_llvm_fatal") {
       // Test hook (KCACHE_TEST_RAW_FAULTS=1 only): LLVM's own abort path.
@@ -279,12 +281,12 @@ absl::StatusOr<std::string> LlvmIrToPtx(absl::string_view ir, const IrToPtxOptio
     }
   }
   llvm::TargetOptions target_options;
-  std::unique_ptr<llvm::TargetMachine> machine(target->createTargetMachine(
-      triple, options.arch, "", target_options, std::nullopt, std::nullopt,
-      llvm::CodeGenOptLevel::Aggressive));
+  std::unique_ptr<llvm::TargetMachine> machine(
+      target->createTargetMachine(triple, options.arch, "", target_options, std::nullopt,
+                                  std::nullopt, llvm::CodeGenOptLevel::Aggressive));
   if (machine == nullptr) {
-    return absl::InternalError(absl::StrCat("LLVM could not create an NVPTX target machine for ",
-                                            options.arch));
+    return absl::InternalError(
+        absl::StrCat("LLVM could not create an NVPTX target machine for ", options.arch));
   }
   if (module->getDataLayoutStr().empty()) module->setDataLayout(machine->createDataLayout());
 

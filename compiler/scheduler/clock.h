@@ -26,8 +26,8 @@ class Clock {
   // on return; it may be released while blocked (as absl::Mutex::Await does),
   // so `cond` must be re-checked state, not an event. `cond` is evaluated with
   // `mu` held. absl::InfiniteFuture() waits for `cond` alone.
-  virtual bool AwaitWithDeadline(absl::Mutex& mu, const absl::Condition& cond,
-                                 absl::Time deadline) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) = 0;
+  virtual bool AwaitWithDeadline(absl::Mutex& mu, const absl::Condition& cond, absl::Time deadline)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) = 0;
 
   // The process-wide wall clock (absl::Now, absl::Mutex deadlines). Never
   // destroyed.
@@ -45,8 +45,8 @@ class FakeClock final : public Clock {
   explicit FakeClock(absl::Time start = absl::FromUnixSeconds(1'800'000'000));
 
   absl::Time Now() const override;
-  bool AwaitWithDeadline(absl::Mutex& mu, const absl::Condition& cond,
-                         absl::Time deadline) override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  bool AwaitWithDeadline(absl::Mutex& mu, const absl::Condition& cond, absl::Time deadline) override
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
 
   void Advance(absl::Duration d);
   void SetTime(absl::Time t);

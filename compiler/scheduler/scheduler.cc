@@ -86,9 +86,7 @@ Ticket::~Ticket() {
   if (!waiter_->outcome.has_value()) scheduler_->CancelWaiter(waiter_, /*abandon=*/true);
 }
 
-CompileResult Ticket::Wait() {
-  return *scheduler_->WaitFor(waiter_, absl::InfiniteFuture());
-}
+CompileResult Ticket::Wait() { return *scheduler_->WaitFor(waiter_, absl::InfiniteFuture()); }
 
 std::optional<CompileResult> Ticket::WaitUntil(absl::Time until) {
   return scheduler_->WaitFor(waiter_, until);
@@ -128,8 +126,7 @@ void CancelToken::Detach(Ticket* ticket) {
 
 namespace {
 bool DefaultMemoize(const absl::Status& s) {
-  return absl::IsFailedPrecondition(s) || absl::IsInvalidArgument(s) ||
-         IsCompileLimitExceeded(s);
+  return absl::IsFailedPrecondition(s) || absl::IsInvalidArgument(s) || IsCompileLimitExceeded(s);
 }
 // A compile that hit a worker's resource limit names its key (the store
 // key's hex, as `kcache show` takes it) before the worker pool's message, so
@@ -238,8 +235,7 @@ void Scheduler::Leave(const std::shared_ptr<Waiter>& waiter, WaiterList* notify)
   if (waiter->left) return;
   waiter->left = true;
   Job& job = *waiter->job;
-  job.waiters.erase(std::remove(job.waiters.begin(), job.waiters.end(), waiter),
-                    job.waiters.end());
+  job.waiters.erase(std::remove(job.waiters.begin(), job.waiters.end(), waiter), job.waiters.end());
   if (job.state != Job::State::kQueued || !job.waiters.empty() || job.pinned) return;
   // Nobody wants this compile any more and it has not started: drop it.
   Queue& queue = *job.queue;
@@ -300,8 +296,7 @@ void Scheduler::Report(const std::shared_ptr<Job>& job, Phase phase) {
   Deliver(notify);
 }
 
-absl::StatusOr<std::shared_ptr<Scheduler::Job>> Scheduler::Attach(Request& request,
-                                                                  bool prefetch,
+absl::StatusOr<std::shared_ptr<Scheduler::Job>> Scheduler::Attach(Request& request, bool prefetch,
                                                                   WaiterList* notify) {
   if (request.key.empty()) return absl::InvalidArgumentError("Request.key: empty");
   if (request.queue.empty()) return absl::InvalidArgumentError("Request.queue: empty");
@@ -318,8 +313,8 @@ absl::StatusOr<std::shared_ptr<Scheduler::Job>> Scheduler::Attach(Request& reque
     ++queue.stats.deduplicated;
     if (prefetch) {
       job->pinned = true;
-    } else if (request.priority == Priority::kInteractive &&
-               job->priority == Priority::kPrefetch && job->state == Job::State::kQueued) {
+    } else if (request.priority == Priority::kInteractive && job->priority == Priority::kPrefetch &&
+               job->state == Job::State::kQueued) {
       // A trainer now waits for it: it goes behind the interactive jobs
       // already queued, ahead of all prefetch work.
       Queue& job_queue = *job->queue;
@@ -426,8 +421,8 @@ std::optional<CompileResult> Scheduler::WaitFor(const std::shared_ptr<Waiter>& w
     } else if (waiter->job->state == Job::State::kFinished) {
       waiter->outcome = *waiter->job->result;
     } else if (clock_.Now() >= waiter->deadline) {
-      waiter->outcome = DeadlineError(waiter->job->state == Job::State::kQueued,
-                                      waiter->job->queue->name);
+      waiter->outcome =
+          DeadlineError(waiter->job->state == Job::State::kQueued, waiter->job->queue->name);
     } else {
       return std::nullopt;  // `until` came first; keep waiting later
     }
@@ -643,14 +638,13 @@ absl::Status Scheduler::Shutdown(absl::Duration grace) {
   int still_running = 0;
   {
     absl::MutexLock l(&mu_);
-    clock_.AwaitWithDeadline(mu_, absl::Condition(this, &Scheduler::Idle),
-                             clock_.Now() + grace);
+    clock_.AwaitWithDeadline(mu_, absl::Condition(this, &Scheduler::Idle), clock_.Now() + grace);
     stopping_ = true;
     still_running = running_;
   }
   if (still_running > 0) {
-    return absl::DeadlineExceededError(absl::StrCat(
-        still_running, " compile(s) still running after the shutdown grace period"));
+    return absl::DeadlineExceededError(
+        absl::StrCat(still_running, " compile(s) still running after the shutdown grace period"));
   }
   JoinThreads();
   return absl::OkStatus();

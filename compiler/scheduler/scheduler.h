@@ -107,8 +107,8 @@ struct Request {
 // totals since the scheduler started.
 struct QueueStats {
   std::string name;
-  int depth = 0;        // jobs queued, not counting the one running
-  bool busy = false;    // a job of this queue is running
+  int depth = 0;              // jobs queued, not counting the one running
+  bool busy = false;          // a job of this queue is running
   uint64_t jobs_run = 0;      // job functions that returned (ok or not)
   uint64_t jobs_failed = 0;   // ... of which returned an error
   uint64_t deduplicated = 0;  // requests that joined a queued/running job or
@@ -265,8 +265,8 @@ class Scheduler {
   void PublishPositions(Queue& queue, WaiterList* notify) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Emit(Job& job, const ProgressEvent& event, WaiterList* notify)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void EmitTo(const std::shared_ptr<Waiter>& waiter, const ProgressEvent& event,
-              WaiterList* notify) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void EmitTo(const std::shared_ptr<Waiter>& waiter, const ProgressEvent& event, WaiterList* notify)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Sets the job's result, wakes its waiters and sends them the final event.
   void Finish(Job& job, CompileResult result, WaiterList* notify)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -280,8 +280,7 @@ class Scheduler {
 
   // Finds or creates the job for request.key (promoting it or pinning it as
   // needed), or returns a finished job holding a remembered error.
-  absl::StatusOr<std::shared_ptr<Job>> Attach(Request& request, bool prefetch,
-                                              WaiterList* notify)
+  absl::StatusOr<std::shared_ptr<Job>> Attach(Request& request, bool prefetch, WaiterList* notify)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::optional<CompileResult> WaitFor(const std::shared_ptr<Waiter>& waiter, absl::Time until)
       ABSL_LOCKS_EXCLUDED(mu_);

@@ -53,9 +53,10 @@ absl::Status ValidateRawSource(const RawSource& raw, size_t max_names) {
   for (size_t i = 0; i < raw.kernel_names.size(); ++i) {
     const std::string& n = raw.kernel_names[i];
     if (n.size() > 1024 || !IsIdentifier(n)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "raw.kernel_names[", i, "]: not a kernel symbol name (letters, digits, _ $ .; at most "
-          "1024 characters)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("raw.kernel_names[", i,
+                       "]: not a kernel symbol name (letters, digits, _ $ .; at most "
+                       "1024 characters)"));
     }
     if (!seen.insert(n).second) {
       return absl::InvalidArgumentError(
@@ -78,8 +79,8 @@ absl::Status CheckPtxEntries(absl::string_view ptx, const std::vector<std::strin
       found = ptx.substr(p, e - p) == names[i];
     }
     if (!found) {
-      return absl::InvalidArgumentError(absl::StrCat("raw.kernel_names[", i, "]: the PTX has no \".entry ",
-                                                     names[i], "\""));
+      return absl::InvalidArgumentError(
+          absl::StrCat("raw.kernel_names[", i, "]: the PTX has no \".entry ", names[i], "\""));
     }
   }
   return absl::OkStatus();

@@ -14,8 +14,8 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "compiler/cuda/compile.h"
-#include "compiler/llvm/llvm_nvptx.h"
 #include "compiler/cuda/nvjitlink.h"
+#include "compiler/llvm/llvm_nvptx.h"
 
 namespace kcache {
 

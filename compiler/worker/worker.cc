@@ -38,8 +38,8 @@ int PollTimeoutMs(absl::Time deadline) {
   if (deadline == absl::InfiniteFuture()) return -1;
   const absl::Duration left = deadline - absl::Now();
   if (left <= absl::ZeroDuration()) return 0;
-  return static_cast<int>(std::min<int64_t>(absl::ToInt64Milliseconds(absl::Ceil(left, absl::Milliseconds(1))),
-                                            24 * 3600 * 1000));
+  return static_cast<int>(std::min<int64_t>(
+      absl::ToInt64Milliseconds(absl::Ceil(left, absl::Milliseconds(1))), 24 * 3600 * 1000));
 }
 
 // Waits until `fd` is ready for `events` or the deadline passes.
@@ -49,7 +49,8 @@ absl::Status WaitFd(int fd, short events, absl::Time deadline) {
     const int n = poll(&p, 1, PollTimeoutMs(deadline));
     if (n > 0) return absl::OkStatus();  // ready, or HUP/ERR: the I/O call says which
     if (n == 0) {
-      if (absl::Now() >= deadline) return absl::DeadlineExceededError("compile worker I/O deadline");
+      if (absl::Now() >= deadline)
+        return absl::DeadlineExceededError("compile worker I/O deadline");
       continue;
     }
     if (errno != EINTR) return absl::InternalError(absl::StrCat("poll: ", strerror(errno)));
@@ -76,8 +77,9 @@ absl::Status ReadAll(int fd, char* data, size_t size, absl::Time deadline, bool*
   while (size > 0) {
     if (absl::Status s = WaitFd(fd, POLLIN, deadline); !s.ok()) return s;
     const ssize_t n = recv(fd, data, size, MSG_DONTWAIT);
-    if (n == 0) return *got_any ? absl::UnavailableError("peer closed mid-frame")
-                                : absl::NotFoundError("peer closed");
+    if (n == 0)
+      return *got_any ? absl::UnavailableError("peer closed mid-frame")
+                      : absl::NotFoundError("peer closed");
     if (n < 0) {
       if (errno == EINTR || errno == EAGAIN) continue;
       if (errno == ECONNRESET) return absl::UnavailableError("peer reset the connection");
@@ -109,9 +111,10 @@ absl::StatusOr<std::string> ReadFrame(int fd, absl::Time deadline) {
   bool got_any = false;
   if (absl::Status s = ReadAll(fd, reinterpret_cast<char*>(len), 4, deadline, &got_any); !s.ok())
     return s;
-  const uint32_t n = uint32_t{len[0]} | uint32_t{len[1]} << 8 | uint32_t{len[2]} << 16 |
-                     uint32_t{len[3]} << 24;
-  if (n > kMaxFrameBytes) return absl::DataLossError(absl::StrCat("frame length ", n, " too large"));
+  const uint32_t n =
+      uint32_t{len[0]} | uint32_t{len[1]} << 8 | uint32_t{len[2]} << 16 | uint32_t{len[3]} << 24;
+  if (n > kMaxFrameBytes)
+    return absl::DataLossError(absl::StrCat("frame length ", n, " too large"));
   std::string payload(n, '\0');
   if (absl::Status s = ReadAll(fd, payload.data(), n, deadline, &got_any); !s.ok()) return s;
   return payload;

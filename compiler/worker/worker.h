@@ -40,8 +40,8 @@ CompileResponse ToResponse(const absl::StatusOr<CompileOutput>& result);
 absl::StatusOr<CompileOutput> FromResponse(const CompileResponse& response);
 
 struct ServeOptions {
-  int fd = 3;               // the socket to the pool
-  std::string nvrtc_path;   // empty: Nvrtc's default search
+  int fd = 3;                  // the socket to the pool
+  std::string nvrtc_path;      // empty: Nvrtc's default search
   std::string nvjitlink_path;  // empty: NvJitLink's default search
   // LLVM IR -> PTX for raw kernels; set by kcache-compile-worker's main when
   // built with LLVM. Null: LLVM IR requests answer Unimplemented.

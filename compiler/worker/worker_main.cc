@@ -10,7 +10,8 @@
 #endif
 
 int main(int argc, char** argv) {
-  absl::StatusOr<kcache::worker::ServeOptions> options = kcache::worker::ParseWorkerArgs(argc, argv);
+  absl::StatusOr<kcache::worker::ServeOptions> options =
+      kcache::worker::ParseWorkerArgs(argc, argv);
   if (!options.ok()) {
     std::fprintf(stderr, "kcache-compile-worker: %s\n", options.status().ToString().c_str());
     return 2;

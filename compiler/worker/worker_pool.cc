@@ -131,7 +131,8 @@ absl::StatusOr<std::unique_ptr<WorkerPool::Worker>> WorkerPool::Spawn(bool probe
   posix_spawn_file_actions_adddup2(&actions, child_err, 1);
   posix_spawn_file_actions_adddup2(&actions, child_err, 2);
   posix_spawn_file_actions_adddup2(&actions, child_sock, 3);
-  const int rc = posix_spawn(&w->pid, worker_path_.c_str(), &actions, nullptr, argv.data(), environ);
+  const int rc =
+      posix_spawn(&w->pid, worker_path_.c_str(), &actions, nullptr, argv.data(), environ);
   posix_spawn_file_actions_destroy(&actions);
   close(child_sock);
   if (child_err >= 0) close(child_err);
@@ -200,9 +201,7 @@ std::string WorkerPool::Reap(Worker& w, bool kill_first, int* wait_status) {
   return "compile worker ended";
 }
 
-bool WorkerPool::WorkerAvailable() const {
-  return !idle_.empty() || live_ < options_.max_workers;
-}
+bool WorkerPool::WorkerAvailable() const { return !idle_.empty() || live_ < options_.max_workers; }
 
 int64_t WorkerPool::retried_compiles() const {
   absl::MutexLock lock(&mu_);
@@ -371,12 +370,12 @@ WorkerPool::Attempt WorkerPool::RunOnce(Worker& w, const CompileInput& input,
                           " bytes; --compile_limit_address_space_bytes)");
     }
     if (limit.has_value()) {
-      const std::string key =
-          input.raw.has_value() ? std::string("raw kernel") : absl::StrCat("'", input.program_name, "'");
+      const std::string key = input.raw.has_value() ? std::string("raw kernel")
+                                                    : absl::StrCat("'", input.program_name, "'");
       Attempt a{Attempt::kLimit,
                 absl::ResourceExhaustedError(absl::StrCat(
-                    "compile of ", key, " for ", input.arch, " ", kCompileLimitExceeded, " ",
-                    what, "; limit=", LimitName(*limit), "; ", how, tail))};
+                    "compile of ", key, " for ", input.arch, " ", kCompileLimitExceeded, " ", what,
+                    "; limit=", LimitName(*limit), "; ", how, tail))};
       a.limit = *limit;
       return a;
     }

@@ -33,15 +33,15 @@ struct WorkerPoolOptions {
   // Empty: "kcache-compile-worker" in the directory of /proc/self/exe (the
   // daemon and the worker are installed side by side).
   std::string worker_path;
-  std::string nvrtc_path;  // passed to the worker; empty = default search
+  std::string nvrtc_path;      // passed to the worker; empty = default search
   std::string nvjitlink_path;  // likewise, for raw kernels
   int max_workers = 2;
   // Per-compile resource limits, set by each worker on itself (see
   // worker::ServeOptions); core dumps are always off. 0 = unlimited. The
   // defaults fit the largest kernels of the test suites (~150 MB, ~3 s CPU)
   // with a wide margin.
-  uint64_t limit_as_bytes = uint64_t{4} << 30;     // RLIMIT_AS
-  uint64_t limit_cpu_seconds = 120;                // RLIMIT_CPU, per compile
+  uint64_t limit_as_bytes = uint64_t{4} << 30;       // RLIMIT_AS
+  uint64_t limit_cpu_seconds = 120;                  // RLIMIT_CPU, per compile
   uint64_t limit_fsize_bytes = uint64_t{256} << 20;  // RLIMIT_FSIZE
   // Tests only: start workers with --enable-test-faults (see worker.h).
   bool enable_test_faults = false;
@@ -68,8 +68,7 @@ class WorkerPool : public Compiler {
   //                     time, output size; named in the message with the
   //                     program and arch). Not retried: the same input would
   //                     hit it again. The worker is replaced.
-  absl::StatusOr<CompileOutput> Compile(const CompileInput& input,
-                                        absl::Time deadline) override;
+  absl::StatusOr<CompileOutput> Compile(const CompileInput& input, absl::Time deadline) override;
 
   // Starts one worker with --probe: it applies the protections a compile
   // worker runs under (network drop, resource limits) and describes them on

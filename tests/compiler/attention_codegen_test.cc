@@ -476,9 +476,9 @@ TEST(LowerTest, MaskSaysWhichIndicesItReadsAndHasATileEvaluation) {
   v1::AttentionSpec s = BaseSpec();
   *s.add_buffers() = Buffer("anchors", v1::ELEM_TYPE_INT32, 2, /*trainable=*/false);
   const v1::Expr j = Bin(B::OP_FLOORDIV, Idx(v1::INDEX_VAR_Q_IDX), Int(16));
-  *s.mutable_mask()->mutable_expr()->mutable_predicate() = Bin(
-      B::OP_OR, Bin(B::OP_EQ, Bin(B::OP_FLOORDIV, Idx(v1::INDEX_VAR_KV_IDX), Int(16)), j),
-      Bin(B::OP_LT, Idx(v1::INDEX_VAR_KV_IDX), Read("anchors", {Idx(v1::INDEX_VAR_B), j})));
+  *s.mutable_mask()->mutable_expr()->mutable_predicate() =
+      Bin(B::OP_OR, Bin(B::OP_EQ, Bin(B::OP_FLOORDIV, Idx(v1::INDEX_VAR_KV_IDX), Int(16)), j),
+          Bin(B::OP_LT, Idx(v1::INDEX_VAR_KV_IDX), Read("anchors", {Idx(v1::INDEX_VAR_B), j})));
   absl::StatusOr<std::string> code = LowerSpecExpressions(NormalizeAttentionSpec(s));
   ASSERT_TRUE(code.ok()) << code.status();
   EXPECT_THAT(*code, HasSubstr("#define KC_EXPR_MASK_READS_B 1\n"));

@@ -54,8 +54,8 @@ TEST_F(CudaDriverGpuTest, DiscoversDevices) {
     EXPECT_GT(d.sm_count, 0);
     EXPECT_GT(d.total_memory_bytes, 1ull << 30);
     EXPECT_GE(d.max_smem_per_block_optin, 48 * 1024);
-    std::printf("device %d: %s, %s, %d SMs, %.1f GiB, %d bytes smem/block opt-in\n",
-                d.ordinal, d.name.c_str(), d.arch.c_str(), d.sm_count,
+    std::printf("device %d: %s, %s, %d SMs, %.1f GiB, %d bytes smem/block opt-in\n", d.ordinal,
+                d.name.c_str(), d.arch.c_str(), d.sm_count,
                 d.total_memory_bytes / double(1ull << 30), d.max_smem_per_block_optin);
   }
 }
@@ -120,8 +120,7 @@ TEST_F(CudaDriverGpuTest, RejectsWhatCannotRun) {
   v = devices_->Verify(0, other, out.cubin, {{"kc_tiny"}});
   EXPECT_EQ(v.status().code(), absl::StatusCode::kInvalidArgument);
   // Unknown ordinal.
-  v = devices_->Verify(static_cast<int>(devices_->List().size()), d.arch, out.cubin,
-                       {{"kc_tiny"}});
+  v = devices_->Verify(static_cast<int>(devices_->List().size()), d.arch, out.cubin, {{"kc_tiny"}});
   EXPECT_EQ(v.status().code(), absl::StatusCode::kInvalidArgument);
 }
 

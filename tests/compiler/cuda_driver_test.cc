@@ -19,7 +19,13 @@ TEST(CudaDriverTest, MissingDriverMeansCompileOnlyMode) {
   EXPECT_THAT(devices->Availability().message(), HasSubstr("/nonexistent/libcuda.so.1"));
   EXPECT_THAT(devices->List(), IsEmpty());
   EXPECT_EQ(devices->driver_version(), 0);
-  EXPECT_EQ(devices->Verify(0, "sm_90", "\x7f" "ELF", {{"k"}}).status().code(),
+  EXPECT_EQ(devices
+                ->Verify(0, "sm_90",
+                         "\x7f"
+                         "ELF",
+                         {{"k"}})
+                .status()
+                .code(),
             absl::StatusCode::kUnavailable);
 }
 

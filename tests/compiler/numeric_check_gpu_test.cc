@@ -71,9 +71,11 @@ AttentionCheckKernel Describe(const std::string& src) {
   const AttentionTiles t = MakeAttentionTiles(d["KC_BLOCK_M"], d["KC_BLOCK_N"], d["KC_NUM_WARPS"],
                                               d["KC_STAGES"], k.head_dim_qk, k.head_dim_v);
   k.forward = {"kcache_attn_fwd", t.num_warps * 32, t.smem_bytes, t.block_m, t.block_n};
-  if (k.mask == KC_MASK_EXPR) k.mask_build = {"kcache_attn_mask_build", 128, 0, t.block_m, t.block_n};
+  if (k.mask == KC_MASK_EXPR)
+    k.mask_build = {"kcache_attn_mask_build", 128, 0, t.block_m, t.block_n};
   // Buffers: slot -> (type, rank) from the read helpers' signatures.
-  static const std::regex rd(R"(__device__ __forceinline__ (int|float|bool) kc_read_(\d+)\(const kcache::AttentionParams& p((?:, int i\d)*)\))");
+  static const std::regex rd(
+      R"(__device__ __forceinline__ (int|float|bool) kc_read_(\d+)\(const kcache::AttentionParams& p((?:, int i\d)*)\))");
   for (auto it = std::sregex_iterator(src.begin(), src.end(), rd); it != std::sregex_iterator();
        ++it) {
     const std::string ty = (*it)[1];
@@ -140,8 +142,8 @@ TEST_F(NumericCheckGpuTest, GeneratedKernelsPassAndAWrongOneIsRefused) {
     auto d = devices_->RunAttentionCheck(0, k, cubin, ref);
     ASSERT_TRUE(d.ok()) << name << ": " << d.status();
     const double tol = k.bf16 ? 2e-2 : 5e-3;  // compiler/numeric_check.cc NumericTolerance
-    std::printf("%-32s rel L2 %.3e worst |diff| %.3e on %s\n", name.c_str(), d->rel_l2,
-                d->max_abs, d->device.c_str());
+    std::printf("%-32s rel L2 %.3e worst |diff| %.3e on %s\n", name.c_str(), d->rel_l2, d->max_abs,
+                d->device.c_str());
     EXPECT_LE(d->rel_l2, tol) << name;
     ++checked;
   }
@@ -150,8 +152,9 @@ TEST_F(NumericCheckGpuTest, GeneratedKernelsPassAndAWrongOneIsRefused) {
   const char* fault = std::getenv("KC_CHECK_CUBINS");
   if (fault != nullptr && fs::exists(fs::path(fault) / "fault.cubin")) {
     const std::string src = ReadFile(fs::path(fault) / "fault.cu");
-    auto d = devices_->RunAttentionCheck(0, Describe(src), ReadFile(fs::path(fault) / "fault.cubin"),
-                                         ReadFile(fs::path(fault) / "fault.ref.cubin"));
+    auto d =
+        devices_->RunAttentionCheck(0, Describe(src), ReadFile(fs::path(fault) / "fault.cubin"),
+                                    ReadFile(fs::path(fault) / "fault.ref.cubin"));
     ASSERT_TRUE(d.ok()) << d.status();
     std::printf("fault switch kernel: rel L2 %.3e worst |diff| %.3e (must exceed the tolerance)\n",
                 d->rel_l2, d->max_abs);

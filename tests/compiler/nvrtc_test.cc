@@ -16,7 +16,9 @@ using ::testing::HasSubstr;
 using ::testing::SizeIs;
 
 bool IsElf(const std::string& bytes) {
-  return bytes.size() > 4 && bytes.compare(0, 4, "\x7f" "ELF") == 0;
+  return bytes.size() > 4 && bytes.compare(0, 4,
+                                           "\x7f"
+                                           "ELF") == 0;
 }
 
 CompileInput Tiny(const std::string& arch) {

@@ -7,9 +7,9 @@
 #include <tuple>
 
 #include "absl/strings/str_cat.h"
+#include "compiler/cuda/nvjitlink.h"
 #include "compiler/llvm/cubin_elf.h"
 #include "compiler/llvm/llvm_nvptx.h"
-#include "compiler/cuda/nvjitlink.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/cache/test_util.h"
@@ -111,7 +111,8 @@ TEST_P(RawCompileTest, AnnotatedKernelsWithSharedMemory) {
 }
 
 TEST_P(RawCompileTest, Ptx) {
-  auto out = CompileRaw(Source(RawFormat::kPtx, "vadd.ptx", {"kc_vadd_ptx"}), GetParam(), Options());
+  auto out =
+      CompileRaw(Source(RawFormat::kPtx, "vadd.ptx", {"kc_vadd_ptx"}), GetParam(), Options());
   ASSERT_TRUE(out.ok()) << out.status();
   ExpectKernels(*out, GetParam(), {"kc_vadd_ptx"});
 }
@@ -136,8 +137,8 @@ TEST_P(TritonFixtureTest, PtxAndLlvmIrCompile) {
   const TritonCase& c = GetParam();
   NvJitLink linker;
   RawCompileOptions o{&linker, &LlvmIrToPtx, false};
-  for (const auto& [format, ext] : {std::pair{RawFormat::kPtx, ".ptx"},
-                                    std::pair{RawFormat::kLlvmIr, ".ll"}}) {
+  for (const auto& [format, ext] :
+       {std::pair{RawFormat::kPtx, ".ptx"}, std::pair{RawFormat::kLlvmIr, ".ll"}}) {
     SCOPED_TRACE(c.base + ext);
     auto out = CompileRaw(Source(format, "triton/" + c.base + ext, {c.kernel}), c.arch, o);
     ASSERT_TRUE(out.ok()) << out.status();
@@ -228,8 +229,8 @@ TEST(RawCompile, DeclaredVersionOfOlderBitcode) {
   EXPECT_EQ(v->text, "19.1.7");
   EXPECT_FALSE(DeclaredLlvmVersion(RawFixture("vadd.ll"), false).has_value());
   EXPECT_GE(LinkedLlvmVersion().major, 22);
-  EXPECT_EQ(LinkedLlvmVersion().text.rfind(absl::StrCat(LinkedLlvmVersion().major, ".",
-                                                       LinkedLlvmVersion().minor, "."), 0),
+  EXPECT_EQ(LinkedLlvmVersion().text.rfind(
+                absl::StrCat(LinkedLlvmVersion().major, ".", LinkedLlvmVersion().minor, "."), 0),
             0u);
 }
 

@@ -17,8 +17,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
-#include "compiler/scheduler/clock.h"
 #include "compiler/cuda/compile.h"
+#include "compiler/scheduler/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/common/status_matchers.h"
@@ -513,9 +513,9 @@ TEST(SchedulerTest, LimitErrorNamesTheKeyForEveryWaiterAndTheMemo) {
   FakeCompiler fake;
   Scheduler scheduler(OneThread(&clock));
   const std::string key("\x01\xab\xcd\x00\x7f", 5);  // opaque bytes, as store keys are
-  const absl::Status limit_error = absl::ResourceExhaustedError(absl::StrCat(
-      "compile of raw kernel for sm_80 ", kCompileLimitExceeded,
-      " CPU-time limit (2 s per compile); limit=cpu_time"));
+  const absl::Status limit_error = absl::ResourceExhaustedError(
+      absl::StrCat("compile of raw kernel for sm_80 ", kCompileLimitExceeded,
+                   " CPU-time limit (2 s per compile); limit=cpu_time"));
   auto req = [&] {
     Request r = Req(fake, key, "sm_80");
     r.job = fake.Job(key, "sm_80", limit_error);
@@ -592,8 +592,7 @@ TEST(SchedulerTest, ShutdownFailsQueuedJobsAndWaitsForRunningOnesUpToGrace) {
   absl::Status shutdown = absl::UnknownError("unset");
   std::thread stopper([&] { shutdown = scheduler.Shutdown(absl::Seconds(5)); });
   EXPECT_THAT((*queued)->Wait(), StatusIs(absl::StatusCode::kUnavailable));
-  EXPECT_THAT(recorder.events(),
-              ElementsAre(Queued(0, "gpu0"), At(Phase::kFailed, "gpu0")));
+  EXPECT_THAT(recorder.events(), ElementsAre(Queued(0, "gpu0"), At(Phase::kFailed, "gpu0")));
   EXPECT_THAT(scheduler.Submit(Req(fake, "new", "gpu0")), StatusIs(absl::StatusCode::kUnavailable));
   EXPECT_THAT(scheduler.SubmitPrefetch(Req(fake, "new", "gpu0")),
               StatusIs(absl::StatusCode::kUnavailable));
@@ -653,9 +652,8 @@ TEST(SchedulerTest, ProgressEventsInOrderWithQueuePosition) {
   EXPECT_THAT((*t4)->Wait(), StatusIs(absl::StatusCode::kFailedPrecondition));
 
   // Wait() returns only once its waiter's events are all delivered.
-  EXPECT_THAT(first.events(),
-              ElementsAre(Queued(0, "gpu0"), At(Phase::kCompiling, "gpu0"),
-                          At(Phase::kVerifying, "gpu0"), At(Phase::kDone, "gpu0")));
+  EXPECT_THAT(first.events(), ElementsAre(Queued(0, "gpu0"), At(Phase::kCompiling, "gpu0"),
+                                          At(Phase::kVerifying, "gpu0"), At(Phase::kDone, "gpu0")));
   EXPECT_THAT(second.events(),
               ElementsAre(Queued(1, "gpu0"), Queued(0, "gpu0"), At(Phase::kCompiling, "gpu0"),
                           At(Phase::kVerifying, "gpu0"), At(Phase::kDone, "gpu0")));
@@ -687,7 +685,8 @@ TEST(SchedulerTest, RejectsInvalidRequests) {
   FakeClock clock;
   FakeCompiler fake;
   Scheduler scheduler(OneThread(&clock));
-  EXPECT_THAT(scheduler.Submit(Req(fake, "", "gpu0")), StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(scheduler.Submit(Req(fake, "", "gpu0")),
+              StatusIs(absl::StatusCode::kInvalidArgument));
   EXPECT_THAT(scheduler.Submit(Req(fake, "k", "")), StatusIs(absl::StatusCode::kInvalidArgument));
   Request no_job = Req(fake, "k", "gpu0");
   no_job.job = nullptr;

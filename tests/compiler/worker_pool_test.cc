@@ -47,7 +47,10 @@ TEST(WorkerPoolTest, CompilesInAWorkerAndReusesIt) {
   for (const char* arch : {"sm_80", "sm_90a"}) {
     absl::StatusOr<CompileOutput> out = pool.Compile(Tiny(arch), In(absl::Seconds(60)));
     ASSERT_TRUE(out.ok()) << out.status();
-    EXPECT_EQ(out->cubin.compare(0, 4, "\x7f" "ELF"), 0);
+    EXPECT_EQ(out->cubin.compare(0, 4,
+                                 "\x7f"
+                                 "ELF"),
+              0);
     ASSERT_THAT(out->kernels, SizeIs(1));
     EXPECT_EQ(out->kernels[0].name, "kc_tiny");
     EXPECT_EQ(out->kernels[0].static_smem_bytes, 512);
@@ -256,8 +259,8 @@ TEST(WorkerPoolTest, CpuTimeLimitFailsResourceExhaustedAndIsNotRetried) {
   // The budget is per compile: a worker that has compiled several times
   // (more than 1 s of CPU in all, possibly) keeps compiling.
   for (int i = 0; i < 4; ++i) {
-    absl::StatusOr<CompileOutput> next = pool.Compile(Tiny(i % 2 ? "sm_80" : "sm_90a"),
-                                                      In(absl::Seconds(60)));
+    absl::StatusOr<CompileOutput> next =
+        pool.Compile(Tiny(i % 2 ? "sm_80" : "sm_90a"), In(absl::Seconds(60)));
     EXPECT_TRUE(next.ok()) << next.status();
   }
   EXPECT_EQ(pool.live_workers(), 1);

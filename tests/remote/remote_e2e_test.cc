@@ -31,9 +31,9 @@ namespace {
 using ::kcache::testing::DaemonProcess;
 using ::kcache::testing::DistinctSpec;
 using ::kcache::testing::NewClient;
-using ::kcache::testing::Sm80;
 using ::kcache::testing::ReadFileOrEmpty;
 using ::kcache::testing::RedisProcess;
+using ::kcache::testing::Sm80;
 using ::kcache::testing::TempDir;
 
 // A node: its own directory (store, socket, log), the shared Redis.

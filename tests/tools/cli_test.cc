@@ -468,7 +468,6 @@ TEST(Cli, MissingOrWrongSocketExitsThreeAtOnce) {
   EXPECT_THAT(r.err, HasSubstr(file + " exists but is not a socket"));
 }
 
-
 // --- hostile input (issue 17.9) and damaged stores (17.2, 17.3) ------------------
 
 std::string Repeat(const std::string& s, int n) {
@@ -513,8 +512,7 @@ TEST(Manifest, HostileManifestsAreRefusedWithTheReasonNeverACrash) {
   for (const auto& c : cases) {
     auto r = ParseManifest(c.text);
     EXPECT_THAT(r, StatusIs(absl::StatusCode::kInvalidArgument)) << c.text.substr(0, 200);
-    EXPECT_THAT(std::string(r.status().message()), HasSubstr(c.expected))
-        << c.text.substr(0, 200);
+    EXPECT_THAT(std::string(r.status().message()), HasSubstr(c.expected)) << c.text.substr(0, 200);
   }
 }
 
@@ -577,9 +575,10 @@ TEST_F(StoreCli, ScansOfADamagedRecordsTableFinishAndSayWhatTheySkipped) {
       io.write(&c, 1);
     }
   }
-  for (std::vector<std::string> cmd :
-       {std::vector<std::string>{"ls"}, {"stats"}, {"invalidate", "--arch", "sm_70"},
-        {"gc", "--max-bytes", "1T"}}) {
+  for (std::vector<std::string> cmd : {std::vector<std::string>{"ls"},
+                                       {"stats"},
+                                       {"invalidate", "--arch", "sm_70"},
+                                       {"gc", "--max-bytes", "1T"}}) {
     CliRun r = Do(cmd);
     EXPECT_EQ(r.code, 0) << Show(r);
     EXPECT_THAT(r.err, HasSubstr("skipped what could not be read: records: keys")) << Show(r);

@@ -10,10 +10,10 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
-#include <random>
-#include <sstream>
 #include <nlohmann/json.hpp>
+#include <random>
 #include <set>
+#include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
@@ -240,7 +240,6 @@ TEST(KcacheE2E, TwoToolchainsOnOneStoreThenInvalidateTheOldOne) {
   EXPECT_THAT(r.out, HasSubstr("imported 1 entries"));
   EXPECT_EQ(d.Stats().compiles(), 1u);
 }
-
 
 // --- The daemon under damage (issue 17): a full disk, SIGKILL at random ----------
 

@@ -77,8 +77,7 @@ int WarmCommand(CommandContext& c) {
                                        absl::ToDoubleSeconds(waited), label));
     } else if (!c.as_json) {
       c.io.err << absl::StrFormat("[%d/%d] waiting  %s (%.0f s so far; %d outstanding)\n", done,
-                                  items->size(), label, absl::ToDoubleSeconds(waited),
-                                  outstanding);
+                                  items->size(), label, absl::ToDoubleSeconds(waited), outstanding);
     }
   };
   absl::Time start = absl::Now();

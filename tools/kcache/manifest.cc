@@ -7,8 +7,8 @@
 
 #include <fstream>
 #include <new>
-#include <optional>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 #include <sstream>
 
@@ -65,8 +65,11 @@ bool ValidUtf8(std::string_view s) {
 
 // A scalar's text: the node must be a scalar of valid UTF-8.
 std::string Text(const YAML::Node& n, const std::string& where) {
-  if (!n.IsScalar()) throw ManifestError{absl::StrCat(where, ": expected a plain value, not a ",
-                                                      n.IsMap() ? "mapping" : n.IsSequence() ? "list" : "null")};
+  if (!n.IsScalar())
+    throw ManifestError{absl::StrCat(where, ": expected a plain value, not a ",
+                                     n.IsMap()        ? "mapping"
+                                     : n.IsSequence() ? "list"
+                                                      : "null")};
   if (!ValidUtf8(n.Scalar())) throw ManifestError{absl::StrCat(where, ": not valid UTF-8")};
   return n.Scalar();
 }
@@ -74,7 +77,8 @@ std::string Text(const YAML::Node& n, const std::string& where) {
 // YAML scalars are untyped; plain ones that read as booleans or numbers
 // become JSON booleans and numbers, quoted ones stay strings. `budget`
 // counts the nodes converted (aliases count each time they are expanded).
-nlohmann::json ToJson(const YAML::Node& n, const std::string& where, size_t& budget, int depth = 0) {
+nlohmann::json ToJson(const YAML::Node& n, const std::string& where, size_t& budget,
+                      int depth = 0) {
   if (budget == 0 || --budget == 0) {
     throw ManifestError{absl::StrCat(where, ": too large (more than ", kMaxNodes,
                                      " values once aliases are expanded)")};
@@ -92,7 +96,8 @@ nlohmann::json ToJson(const YAML::Node& n, const std::string& where, size_t& bud
     case YAML::NodeType::Sequence: {
       nlohmann::json j = nlohmann::json::array();
       size_t i = 0;
-      for (const auto& v : n) j.push_back(ToJson(v, absl::StrCat(where, "[", i++, "]"), budget, depth + 1));
+      for (const auto& v : n)
+        j.push_back(ToJson(v, absl::StrCat(where, "[", i++, "]"), budget, depth + 1));
       return j;
     }
     case YAML::NodeType::Scalar: {

@@ -56,9 +56,9 @@ std::vector<WarmResult> Warm(const std::shared_ptr<grpc::Channel>& channel,
       absl::MutexLock lock(&mu);
       while (!mu.AwaitWithTimeout(absl::Condition(&finished), options.progress_every)) {
         if (outstanding.empty()) continue;
-        auto oldest = std::min_element(
-            outstanding.begin(), outstanding.end(),
-            [](const auto& a, const auto& b) { return a.second < b.second; });
+        auto oldest =
+            std::min_element(outstanding.begin(), outstanding.end(),
+                             [](const auto& a, const auto& b) { return a.second < b.second; });
         absl::Duration waited = absl::Now() - oldest->second;
         if (waited < options.progress_after) continue;
         options.on_waiting(done, outstanding.size(), items[oldest->first], waited);
