@@ -23,7 +23,7 @@
 #include "gtest/gtest.h"
 #include "kcache/v1/service.grpc.pb.h"
 #include "service/config.h"
-#include "service/grpc_services.h"
+#include "service/kernel_service.h"
 #include "service/kernel_backend.h"
 #include "service/metrics.h"
 #include "tests/cache/test_util.h"
