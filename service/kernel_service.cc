@@ -450,11 +450,6 @@ void KernelServiceImpl::AbandonWaits() {
   for (const auto& t : tickets) t->Cancel();
 }
 
-int KernelServiceImpl::waiting_calls() const {
-  absl::MutexLock lock(&waiting_->mu);
-  return static_cast<int>(waiting_->calls.size());
-}
-
 void KernelServiceImpl::AwaitWaitingCalls(int n) const {
   absl::MutexLock lock(&waiting_->mu);
   const Waiting& w = *waiting_;

@@ -102,10 +102,8 @@ class KernelServiceImpl final
   // no lock held.
   void AbandonWaits();
 
-  // Calls (both methods) waiting for a compile right now (a gauge), and a
-  // wait until there are exactly `n` of them (for tests, which must not
-  // sleep).
-  int waiting_calls() const;
+  // Waits until exactly `n` calls (both methods) are waiting for a compile
+  // (for tests, which must not sleep).
   void AwaitWaitingCalls(int n) const;
 
  private:
