@@ -76,7 +76,7 @@ grpc::ByteBuffer Serialized(const google::protobuf::Message& m) {
 
 v1::Progress ToProto(const ProgressEvent& e) {
   v1::Progress p;
-  p.set_phase(static_cast<v1::Progress::Phase>(static_cast<int>(e.phase) + 1));
+  p.set_phase(ToProtoPhase(e.phase));
   p.set_queue_position(static_cast<uint32_t>(e.queue_position));
   p.set_queue(e.queue);
   return p;
@@ -99,6 +99,24 @@ struct CallTiming {
 };
 
 }  // namespace
+
+v1::Progress::Phase ToProtoPhase(Phase phase) {
+  // Each value by name: the two enums are numbered independently (the proto
+  // starts with PHASE_UNSPECIFIED), and -Wswitch names a Phase left out here.
+  switch (phase) {
+    case Phase::kQueued:
+      return v1::Progress::PHASE_QUEUED;
+    case Phase::kCompiling:
+      return v1::Progress::PHASE_COMPILING;
+    case Phase::kVerifying:
+      return v1::Progress::PHASE_VERIFYING;
+    case Phase::kDone:
+      return v1::Progress::PHASE_DONE;
+    case Phase::kFailed:
+      return v1::Progress::PHASE_FAILED;
+  }
+  return v1::Progress::PHASE_UNSPECIFIED;
+}
 
 absl::Status KernelServiceImpl::Admit(grpc::CallbackServerContext* ctx,
                                       const v1::GetKernelRequest& req) const {

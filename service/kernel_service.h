@@ -42,6 +42,10 @@ struct RawKernelPolicy {
   bool token_accepted_here = true;
 };
 
+// The wire phase of a scheduler phase (compiler/scheduler/scheduler.h), for
+// GetKernelStream's progress events.
+v1::Progress::Phase ToProtoPhase(Phase phase);
+
 // Register one instance with one server (a callback method's handler is
 // bound to the server that registered it). The destructor waits until every
 // GetKernel / GetKernelStream call that waited for a compile has ended (its
