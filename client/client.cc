@@ -15,6 +15,7 @@
 #include "client/cuda_loader.h"
 #include "client/discovery.h"
 #include "client/raw_launch.h"
+#include "client/target_arch.h"
 
 namespace kcache {
 
@@ -403,9 +404,7 @@ absl::StatusOr<std::shared_ptr<const LoadedKernel>> Client::LoadRequest(
         !st.ok()) {
       return st;
     }
-    // Arch-specific features (wgmma) need the 'a' target, which runs only
-    // on exactly this compute capability: right for a cubin loaded here.
-    target.set_arch(absl::StrCat("sm_", major, minor, major >= 9 ? "a" : ""));
+    target.set_arch(TargetArchForCapability(major, minor));
   }
   if (target.driver_version() == 0) {
     int v = 0;

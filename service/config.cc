@@ -222,14 +222,19 @@ std::string DaemonVersion() {
   return absl::StrCat("kcached ", KCACHE_VERSION_STRING, "\n", "build: ", KCACHE_BUILD_INFO, "\n");
 }
 
-absl::StatusOr<v1::DaemonConfig> ParseDaemonConfig(const std::vector<std::string>& args) {
-  v1::DaemonConfig c = DefaultDaemonConfig();
+absl::StatusOr<DaemonCommandLine> ParseDaemonCommandLine(const std::vector<std::string>& args) {
+  DaemonCommandLine out;
+  v1::DaemonConfig& c = out.config;
+  c = DefaultDaemonConfig();
   std::vector<std::pair<const pb::FieldDescriptor*, std::string>> flags;
   std::vector<std::string> config_files;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
-    if (a == "--help" || a == "-h") return absl::CancelledError(DaemonUsage());
-    if (a == "--version") return absl::CancelledError(DaemonVersion());
+    if (a == "--help" || a == "-h" || a == "--version") {
+      out.action = a == "--version" ? DaemonCommandLine::Action::kPrintVersion
+                                    : DaemonCommandLine::Action::kPrintUsage;
+      return out;
+    }
     if (!absl::StartsWith(a, "--") || a.size() == 2) {
       return absl::InvalidArgumentError(absl::StrCat("unexpected argument '", a, "' (see --help)"));
     }
@@ -274,7 +279,7 @@ absl::StatusOr<v1::DaemonConfig> ParseDaemonConfig(const std::vector<std::string
     if (absl::Status st = SetField(c, f, value, absl::StrCat("--", f->name())); !st.ok()) return st;
   }
   if (absl::Status st = ValidateDaemonConfig(c); !st.ok()) return st;
-  return c;
+  return out;
 }
 
 absl::Status ValidateDaemonConfig(const v1::DaemonConfig& c) {

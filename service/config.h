@@ -17,12 +17,20 @@ namespace kcache {
 // The built-in defaults (store and socket under .kcache/ in the working dir).
 v1::DaemonConfig DefaultDaemonConfig();
 
+// What a kcached command line asks for: to serve with a configuration, or
+// to print the usage (`--help`, `-h`) or the version (`--version`) and exit.
+struct DaemonCommandLine {
+  enum class Action { kServe, kPrintUsage, kPrintVersion };
+  Action action = Action::kServe;
+  v1::DaemonConfig config;  // kServe: the validated configuration
+};
+
 // Parses argv (without argv[0]): `--config FILE` is read first, then each
 // flag overrides. Unknown flags or keys, malformed values and a config file
 // that does not parse are InvalidArgument naming the flag, or the file and
-// line. `--help` and `--version` yield a status of kind Cancelled carrying
-// the text to print.
-absl::StatusOr<v1::DaemonConfig> ParseDaemonConfig(const std::vector<std::string>& args);
+// line. `--help` or `--version` ends the parse where it stands (an error in
+// an argument before it is still reported).
+absl::StatusOr<DaemonCommandLine> ParseDaemonCommandLine(const std::vector<std::string>& args);
 
 // Checks cross-field rules (admin over TCP needs TLS and a token, ...).
 absl::Status ValidateDaemonConfig(const v1::DaemonConfig& config);
@@ -30,6 +38,7 @@ absl::Status ValidateDaemonConfig(const v1::DaemonConfig& config);
 // The effective configuration as one JSON object, for the start-up log.
 std::string DaemonConfigToJson(const v1::DaemonConfig& config);
 
+// The text `--help` prints: the synopsis and every flag with its unit.
 std::string DaemonUsage();
 
 // "kcached 0.5.0\nbuild: ...\n": the project version (VERSION) and how this

@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/strip.h"
+#include "compiler/cuda/compile.h"
 #include "google/protobuf/descriptor.h"
 
 namespace kcache {
@@ -16,6 +17,15 @@ grpc::Status ToGrpcStatus(const absl::Status& status) {
 
 void SetRetryHint(grpc::ServerContextBase* context, int retry_after_ms) {
   context->AddTrailingMetadata("retry-after-ms", std::to_string(retry_after_ms));
+}
+
+grpc::Status Reply(grpc::ServerContextBase* context, const absl::Status& status) {
+  constexpr int kRetryAfterMs = 500;
+  if ((status.code() == absl::StatusCode::kResourceExhausted && !IsCompileLimitExceeded(status)) ||
+      status.code() == absl::StatusCode::kUnavailable) {
+    SetRetryHint(context, kRetryAfterMs);
+  }
+  return ToGrpcStatus(status);
 }
 
 namespace {

@@ -18,6 +18,12 @@ grpc::Status ToGrpcStatus(const absl::Status& status);
 // Adds the retry hint for RESOURCE_EXHAUSTED / UNAVAILABLE answers.
 void SetRetryHint(grpc::ServerContextBase* context, int retry_after_ms);
 
+// A service handler's answer for `status`: ToGrpcStatus, plus the retry hint
+// (500 ms) for UNAVAILABLE and RESOURCE_EXHAUSTED, except a compile worker's
+// limit (compiler/cuda/compile.h), which is not transient. KernelService and
+// AdminService both answer through this.
+grpc::Status Reply(grpc::ServerContextBase* context, const absl::Status& status);
+
 // For ServerBuilder::experimental().SetInterceptorCreators: a call to a
 // method of a kcache service that gRPC refused itself because it could not
 // parse the request (INTERNAL with an empty message: the synchronous

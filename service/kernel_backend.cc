@@ -8,19 +8,13 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "client/target_arch.h"
 #include "service/logging.h"
 #include "service/remote_hook.h"
 
 namespace kcache {
 
 namespace {
-
-// The target architecture a device gets: the arch-specific variant on
-// Hopper and later (needed for wgmma; the cubin is loaded on exactly that
-// device kind), the plain one before.
-std::string DeviceTargetArch(const DeviceInfo& d) {
-  return d.cc_major >= 9 ? absl::StrCat(d.arch, "a") : d.arch;
-}
 
 // What a compile log line calls the kernel: the spec's kind, or the raw format.
 std::string KindOf(const ResolvedRequest& r) {
@@ -106,7 +100,7 @@ absl::StatusOr<ResolvedRequest> KernelBackend::Resolve(const v1::GetKernelReques
                              : absl::StrCat(devices_.size(), " devices"),
             ")"));
       }
-      arch = DeviceTargetArch(*it);
+      arch = TargetArchForCapability(it->cc_major, it->cc_minor);
       r.device = it->ordinal;
       break;
     }

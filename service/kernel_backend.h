@@ -42,7 +42,7 @@ struct BackendDeps {
   // The raw-kernel toolchain (compiler/toolchain.h RawToolchain), when raw
   // kernels are enabled; otherwise raw_toolchain_status says why not.
   // Whether a caller may send raw kernels at all is the service's check
-  // (grpc_services.h), made before the backend sees the request.
+  // (kernel_service.h), made before the backend sees the request.
   v1::Toolchain raw_toolchain;
   absl::Status raw_toolchain_status = absl::FailedPreconditionError("raw kernels are disabled");
   v1::DaemonConfig config;

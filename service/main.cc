@@ -18,14 +18,23 @@ int main(int argc, char** argv) {
   // checked by -Wthread-safety and by the unit tests, which keep the detector.
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   kcache::InitDaemonLogging(argv[0]);
-  auto config = kcache::ParseDaemonConfig(std::vector<std::string>(argv + 1, argv + argc));
-  if (!config.ok()) {
-    bool help = config.status().code() == absl::StatusCode::kCancelled;
-    (help ? std::cout : std::cerr) << (help ? "" : "kcached: ") << config.status().message()
-                                   << (help ? "" : "\n");
-    return help ? 0 : 2;
+  auto command = kcache::ParseDaemonCommandLine(std::vector<std::string>(argv + 1, argv + argc));
+  if (!command.ok()) {
+    std::cerr << "kcached: " << command.status().message() << "\n";
+    return 2;
   }
-  (void)kcache::SetLogLevel(config->log_level());  // validated with the configuration
+  switch (command->action) {
+    case kcache::DaemonCommandLine::Action::kPrintUsage:
+      std::cout << kcache::DaemonUsage();
+      return 0;
+    case kcache::DaemonCommandLine::Action::kPrintVersion:
+      std::cout << kcache::DaemonVersion();
+      return 0;
+    case kcache::DaemonCommandLine::Action::kServe:
+      break;
+  }
+  const kcache::v1::DaemonConfig& config = command->config;
+  (void)kcache::SetLogLevel(config.log_level());  // validated with the configuration
   // Signals are taken synchronously by this thread, so shutdown runs here
   // and not in a handler.
   sigset_t set;
@@ -35,7 +44,7 @@ int main(int argc, char** argv) {
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
   signal(SIGPIPE, SIG_IGN);
 
-  auto daemon = kcache::Daemon::Start(*config);
+  auto daemon = kcache::Daemon::Start(config);
   if (!daemon.ok()) {
     LOG(ERROR) << "cannot start: " << daemon.status().message();
     // InvalidArgument is a configuration error found at start (an unreadable

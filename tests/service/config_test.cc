@@ -13,6 +13,7 @@
 namespace kcache {
 namespace {
 
+using ::kcache::testing::StatusIs;
 using ::kcache::testing::TempDir;
 using ::testing::HasSubstr;
 using ::testing::MatchesRegex;
@@ -50,44 +51,44 @@ TEST(Units, SizesAndDurations) {
 }
 
 TEST(DaemonConfig, FlagsTakeUnitsAndSpaceSeparatedValues) {
-  auto c = ParseDaemonConfig({"--store_path", "/tmp/s", "--max_store_bytes", "20G",
-                              "--eviction_grace_ms=30m", "--default_deadline_ms", "500ms",
-                              "--compile_limit_cpu_seconds", "2m", "--compile_only",
-                              "--memory_cache_bytes=512MiB", "--log_level", "debug"});
+  auto c = ParseDaemonCommandLine({"--store_path", "/tmp/s", "--max_store_bytes", "20G",
+                                   "--eviction_grace_ms=30m", "--default_deadline_ms", "500ms",
+                                   "--compile_limit_cpu_seconds", "2m", "--compile_only",
+                                   "--memory_cache_bytes=512MiB", "--log_level", "debug"});
   ASSERT_TRUE(c.ok()) << c.status();
-  EXPECT_EQ(c->store_path(), "/tmp/s");
-  EXPECT_EQ(c->max_store_bytes(), uint64_t{20} << 30);
-  EXPECT_EQ(c->eviction_grace_ms(), 30u * 60 * 1000);
-  EXPECT_EQ(c->default_deadline_ms(), 500u);
-  EXPECT_EQ(c->compile_limit_cpu_seconds(), 120u);
-  EXPECT_TRUE(c->compile_only());
-  EXPECT_EQ(c->memory_cache_bytes(), uint64_t{512} << 20);
-  EXPECT_EQ(c->log_level(), "debug");
+  EXPECT_EQ(c->config.store_path(), "/tmp/s");
+  EXPECT_EQ(c->config.max_store_bytes(), uint64_t{20} << 30);
+  EXPECT_EQ(c->config.eviction_grace_ms(), 30u * 60 * 1000);
+  EXPECT_EQ(c->config.default_deadline_ms(), 500u);
+  EXPECT_EQ(c->config.compile_limit_cpu_seconds(), 120u);
+  EXPECT_TRUE(c->config.compile_only());
+  EXPECT_EQ(c->config.memory_cache_bytes(), uint64_t{512} << 20);
+  EXPECT_EQ(c->config.log_level(), "debug");
 
   // A bool flag alone is true and does not take the next flag as its value;
   // "--flag false" is read as a value.
-  c = ParseDaemonConfig({"--compile_only", "--max_queue_depth", "7"});
+  c = ParseDaemonCommandLine({"--compile_only", "--max_queue_depth", "7"});
   ASSERT_TRUE(c.ok()) << c.status();
-  EXPECT_TRUE(c->compile_only());
-  EXPECT_EQ(c->max_queue_depth(), 7u);
-  c = ParseDaemonConfig({"--compile_only", "false"});
+  EXPECT_TRUE(c->config.compile_only());
+  EXPECT_EQ(c->config.max_queue_depth(), 7u);
+  c = ParseDaemonCommandLine({"--compile_only", "false"});
   ASSERT_TRUE(c.ok()) << c.status();
-  EXPECT_FALSE(c->compile_only());
+  EXPECT_FALSE(c->config.compile_only());
   // Plain numbers keep their old unit.
-  c = ParseDaemonConfig({"--error_memo_ms=2500", "--max_store_bytes=1000"});
+  c = ParseDaemonCommandLine({"--error_memo_ms=2500", "--max_store_bytes=1000"});
   ASSERT_TRUE(c.ok()) << c.status();
-  EXPECT_EQ(c->error_memo_ms(), 2500u);
-  EXPECT_EQ(c->max_store_bytes(), 1000u);
+  EXPECT_EQ(c->config.error_memo_ms(), 2500u);
+  EXPECT_EQ(c->config.max_store_bytes(), 1000u);
 
-  EXPECT_THAT(Message(ParseDaemonConfig({"--max_store_bytes", "lots"}).status()),
+  EXPECT_THAT(Message(ParseDaemonCommandLine({"--max_store_bytes", "lots"}).status()),
               HasSubstr("--max_store_bytes: 'lots' is not a valid size"));
-  EXPECT_THAT(Message(ParseDaemonConfig({"--error_memo_ms", "10 parsecs"}).status()),
+  EXPECT_THAT(Message(ParseDaemonCommandLine({"--error_memo_ms", "10 parsecs"}).status()),
               HasSubstr("--error_memo_ms: '10 parsecs' is not a valid duration"));
-  EXPECT_THAT(Message(ParseDaemonConfig({"--compile_limit_cpu_seconds", "1500ms"}).status()),
+  EXPECT_THAT(Message(ParseDaemonCommandLine({"--compile_limit_cpu_seconds", "1500ms"}).status()),
               HasSubstr("not whole seconds"));
-  EXPECT_THAT(Message(ParseDaemonConfig({"--max_message_bytes", "8G"}).status()),
+  EXPECT_THAT(Message(ParseDaemonCommandLine({"--max_message_bytes", "8G"}).status()),
               HasSubstr("too large"));
-  EXPECT_THAT(Message(ParseDaemonConfig({"--store_path"}).status()),
+  EXPECT_THAT(Message(ParseDaemonCommandLine({"--store_path"}).status()),
               HasSubstr("--store_path: needs a value"));
 }
 
@@ -101,15 +102,15 @@ compile_only: true
 log_level: warning
 tcp_address:
 )");
-  auto c = ParseDaemonConfig({"--config", path, "--log_level=error"});
+  auto c = ParseDaemonCommandLine({"--config", path, "--log_level=error"});
   ASSERT_TRUE(c.ok()) << c.status();
-  EXPECT_EQ(c->store_path(), "/var/lib/kcache/store");
-  EXPECT_EQ(c->max_store_bytes(), uint64_t{20} << 30);
-  EXPECT_EQ(c->eviction_grace_ms(), 3600u * 1000);
-  EXPECT_TRUE(c->compile_only());
-  EXPECT_EQ(c->log_level(), "error");   // the flag wins, wherever it stands
-  EXPECT_EQ(c->tcp_address(), "");      // an empty value keeps the default
-  EXPECT_EQ(c->max_queue_depth(), 256u);  // not in the file: the default
+  EXPECT_EQ(c->config.store_path(), "/var/lib/kcache/store");
+  EXPECT_EQ(c->config.max_store_bytes(), uint64_t{20} << 30);
+  EXPECT_EQ(c->config.eviction_grace_ms(), 3600u * 1000);
+  EXPECT_TRUE(c->config.compile_only());
+  EXPECT_EQ(c->config.log_level(), "error");     // the flag wins, wherever it stands
+  EXPECT_EQ(c->config.tcp_address(), "");        // an empty value keeps the default
+  EXPECT_EQ(c->config.max_queue_depth(), 256u);  // not in the file: the default
 }
 
 TEST(DaemonConfig, OlderJsonFilesReadTheSame) {
@@ -122,44 +123,54 @@ TEST(DaemonConfig, OlderJsonFilesReadTheSame) {
   "error_memo_ms": 2500,
   "compile_only": true
 })");
-  auto c = ParseDaemonConfig({"--config=" + path});
+  auto c = ParseDaemonCommandLine({"--config=" + path});
   ASSERT_TRUE(c.ok()) << c.status();
-  EXPECT_EQ(c->store_path(), "/srv/store");
-  EXPECT_EQ(c->max_store_bytes(), uint64_t{1} << 30);
-  EXPECT_EQ(c->error_memo_ms(), 2500u);
-  EXPECT_TRUE(c->compile_only());
+  EXPECT_EQ(c->config.store_path(), "/srv/store");
+  EXPECT_EQ(c->config.max_store_bytes(), uint64_t{1} << 30);
+  EXPECT_EQ(c->config.error_memo_ms(), 2500u);
+  EXPECT_TRUE(c->config.compile_only());
 }
 
 TEST(DaemonConfig, FileErrorsNameTheFileLineAndKey) {
   TempDir dir;
-  auto unknown = ParseDaemonConfig({"--config", Write(dir, "a.yaml", "store_path: /s\nfrobnicate: 1\n")});
+  auto unknown = ParseDaemonCommandLine({"--config", Write(dir, "a.yaml", "store_path: /s\nfrobnicate: 1\n")});
   EXPECT_THAT(Message(unknown.status()), MatchesRegex(".*a\\.yaml:2: unknown field 'frobnicate'.*"));
-  auto bad = ParseDaemonConfig({"--config", Write(dir, "b.yaml", "\n\nmax_store_bytes: many\n")});
+  auto bad = ParseDaemonCommandLine({"--config", Write(dir, "b.yaml", "\n\nmax_store_bytes: many\n")});
   EXPECT_THAT(Message(bad.status()),
               MatchesRegex(".*b\\.yaml:3: max_store_bytes: 'many' is not a valid size.*"));
-  auto nested = ParseDaemonConfig({"--config", Write(dir, "c.yaml", "store_path: [a, b]\n")});
+  auto nested = ParseDaemonCommandLine({"--config", Write(dir, "c.yaml", "store_path: [a, b]\n")});
   EXPECT_THAT(Message(nested.status()), HasSubstr("store_path: expected a single value"));
-  auto broken = ParseDaemonConfig({"--config", Write(dir, "d.yaml", "store_path: /s\n  - bad: [\n")});
+  auto broken = ParseDaemonCommandLine({"--config", Write(dir, "d.yaml", "store_path: /s\n  - bad: [\n")});
   EXPECT_THAT(Message(broken.status()), HasSubstr("d.yaml:"));
-  auto missing = ParseDaemonConfig({"--config", dir.Sub("nope.yaml")});
+  auto missing = ParseDaemonCommandLine({"--config", dir.Sub("nope.yaml")});
   EXPECT_THAT(Message(missing.status()), HasSubstr("cannot read"));
 }
 
 TEST(DaemonConfig, TheExampleFileParses) {
-  auto c = ParseDaemonConfig({"--config", KCACHE_EXAMPLE_CONFIG});
+  auto c = ParseDaemonCommandLine({"--config", KCACHE_EXAMPLE_CONFIG});
   ASSERT_TRUE(c.ok()) << c.status();
-  EXPECT_EQ(c->max_store_bytes(), uint64_t{20} << 30);
-  EXPECT_EQ(c->compile_limit_cpu_seconds(), 120u);
-  EXPECT_EQ(c->socket_path(), "/run/kcache/kcached.sock");
+  EXPECT_EQ(c->config.max_store_bytes(), uint64_t{20} << 30);
+  EXPECT_EQ(c->config.compile_limit_cpu_seconds(), 120u);
+  EXPECT_EQ(c->config.socket_path(), "/run/kcache/kcached.sock");
 }
 
 TEST(DaemonConfig, VersionAndHelp) {
-  auto v = ParseDaemonConfig({"--version"});
-  EXPECT_EQ(v.status().code(), absl::StatusCode::kCancelled);
-  EXPECT_THAT(Message(v.status()), MatchesRegex("kcached [0-9]+\\.[0-9]+\\.[0-9]+\nbuild: .*CUDA headers [0-9]+\\.[0-9]+.*\n"));
-  auto help = ParseDaemonConfig({"--help"});
-  EXPECT_THAT(Message(help.status()), HasSubstr("--max_store_bytes (size: bytes, or 512K"));
-  EXPECT_THAT(Message(help.status()), HasSubstr("--error_memo_ms (duration: milliseconds, or 500ms"));
+  auto v = ParseDaemonCommandLine({"--version"});
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_EQ(v->action, DaemonCommandLine::Action::kPrintVersion);
+  EXPECT_THAT(
+      DaemonVersion(),
+      MatchesRegex("kcached [0-9]+\\.[0-9]+\\.[0-9]+\nbuild: .*CUDA headers [0-9]+\\.[0-9]+.*\n"));
+  for (const char* flag : {"--help", "-h"}) {
+    auto help = ParseDaemonCommandLine({"--store_path=/s", flag, "--frobnicate"});
+    ASSERT_TRUE(help.ok()) << flag << ": " << help.status();
+    EXPECT_EQ(help->action, DaemonCommandLine::Action::kPrintUsage) << flag;
+  }
+  // An error before it is still reported.
+  EXPECT_THAT(ParseDaemonCommandLine({"--frobnicate", "--help"}),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(DaemonUsage(), HasSubstr("--max_store_bytes (size: bytes, or 512K"));
+  EXPECT_THAT(DaemonUsage(), HasSubstr("--error_memo_ms (duration: milliseconds, or 500ms"));
 }
 
 }  // namespace

@@ -57,25 +57,26 @@ TEST(Metrics, NumbersPrintCleanly) {
 }
 
 TEST(DaemonConfig, FlagsOverrideDefaultsAndBadFlagsAreNamed) {
-  auto c = ParseDaemonConfig({"--store_path=/tmp/s", "--max_queue_depth=7", "--compile_only"});
+  auto c = ParseDaemonCommandLine({"--store_path=/tmp/s", "--max_queue_depth=7", "--compile_only"});
   ASSERT_TRUE(c.ok()) << c.status();
-  EXPECT_EQ(c->store_path(), "/tmp/s");
-  EXPECT_EQ(c->max_queue_depth(), 7u);
-  EXPECT_TRUE(c->compile_only());
-  EXPECT_EQ(c->socket_path(), ".kcache/kcached.sock");
+  EXPECT_EQ(c->config.store_path(), "/tmp/s");
+  EXPECT_EQ(c->config.max_queue_depth(), 7u);
+  EXPECT_TRUE(c->config.compile_only());
+  EXPECT_EQ(c->config.socket_path(), ".kcache/kcached.sock");
 
-  auto bad = ParseDaemonConfig({"--max_queue_depth=lots"});
+  auto bad = ParseDaemonCommandLine({"--max_queue_depth=lots"});
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(bad.status().message()), HasSubstr("--max_queue_depth"));
-  auto unknown = ParseDaemonConfig({"--frobnicate=1"});
+  auto unknown = ParseDaemonCommandLine({"--frobnicate=1"});
   EXPECT_THAT(std::string(unknown.status().message()), HasSubstr("unknown flag --frobnicate"));
-  auto zero = ParseDaemonConfig({"--max_queue_depth=0"});
+  auto zero = ParseDaemonCommandLine({"--max_queue_depth=0"});
   EXPECT_THAT(std::string(zero.status().message()), HasSubstr("max_queue_depth"));
-  auto huge = ParseDaemonConfig({"--max_message_bytes=4000000000"});
+  auto huge = ParseDaemonCommandLine({"--max_message_bytes=4000000000"});
   EXPECT_THAT(std::string(huge.status().message()), HasSubstr("max_message_bytes"));
-  auto help = ParseDaemonConfig({"--help"});
-  EXPECT_EQ(help.status().code(), absl::StatusCode::kCancelled);
-  EXPECT_THAT(std::string(help.status().message()), HasSubstr("--store_path"));
+  auto help = ParseDaemonCommandLine({"--help"});
+  ASSERT_TRUE(help.ok()) << help.status();
+  EXPECT_EQ(help->action, DaemonCommandLine::Action::kPrintUsage);
+  EXPECT_THAT(DaemonUsage(), HasSubstr("--store_path"));
 }
 
 }  // namespace

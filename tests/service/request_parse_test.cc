@@ -1,14 +1,14 @@
 // KernelService request parsing (service/request_parse.h): budgets checked
 // on the wire bytes before the parse, malformed bytes and unknown fields
-// refused with INVALID_ARGUMENT naming the limit or the field; the bearer
-// token comparison.
+// refused with INVALID_ARGUMENT naming the limit or the field; the admin
+// token check (service/admin_token.h).
 #include "service/request_parse.h"
 
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "google/protobuf/unknown_field_set.h"
 #include "gtest/gtest.h"
-#include "service/grpc_services.h"
+#include "service/admin_token.h"
 #include "tests/cache/test_util.h"
 #include "tests/common/distinct_spec.h"
 
@@ -164,6 +164,18 @@ TEST(BearerToken, MatchesExactlyTheBearerValue) {
   EXPECT_FALSE(BearerTokenMatches("s3cret", "s3cret"));
   EXPECT_FALSE(BearerTokenMatches("", "s3cret"));
   EXPECT_FALSE(BearerTokenMatches(std::string("Bearer s3cret\0", 14), "s3cret"));
+}
+
+TEST(AdminToken, IsReadFromTheCallsAuthorizationMetadata) {
+  std::multimap<grpc::string_ref, grpc::string_ref> md;
+  EXPECT_FALSE(CarriesAdminToken(md, "s3cret"));
+  md.emplace("x-other", "Bearer s3cret");
+  EXPECT_FALSE(CarriesAdminToken(md, "s3cret"));
+  md.emplace("authorization", "Bearer wrong");
+  EXPECT_FALSE(CarriesAdminToken(md, "s3cret"));
+  std::multimap<grpc::string_ref, grpc::string_ref> good;
+  good.emplace("authorization", "Bearer s3cret");
+  EXPECT_TRUE(CarriesAdminToken(good, "s3cret"));
 }
 
 }  // namespace

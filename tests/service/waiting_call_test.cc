@@ -4,15 +4,17 @@
 // calls hold no thread: 500 callers of one uncompiled key share one compile
 // without 500 threads; a cancelled call is answered CANCELLED and leaves;
 // AbandonWaits (shutdown) answers UNAVAILABLE. Streams also report progress
-// before their result.
+// before their result, each phase as the wire value of its name.
 #include <dirent.h>
 
 #include <atomic>
+#include <iterator>
 #include <memory>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
@@ -23,8 +25,8 @@
 #include "gtest/gtest.h"
 #include "kcache/v1/service.grpc.pb.h"
 #include "service/config.h"
-#include "service/grpc_services.h"
 #include "service/kernel_backend.h"
+#include "service/kernel_service.h"
 #include "service/metrics.h"
 #include "tests/cache/test_util.h"
 
@@ -547,6 +549,20 @@ TEST(WaitingStreamTest, ACompileErrorEndsEveryStreamWithItsStatus) {
   }
   EXPECT_EQ(f.compiler().compiles(), 1);
   f.service().AwaitWaitingCalls(0);
+}
+
+// Progress events carry the scheduler's phase as the wire value of the same
+// name; the two enums are numbered independently.
+TEST(ProgressPhaseTest, EachSchedulerPhaseHasTheWireValueOfItsName) {
+  const Phase phases[] = {Phase::kQueued, Phase::kCompiling, Phase::kVerifying, Phase::kDone,
+                          Phase::kFailed};
+  for (Phase p : phases) {
+    EXPECT_EQ(v1::Progress::Phase_Name(ToProtoPhase(p)),
+              "PHASE_" + absl::AsciiStrToUpper(PhaseName(p)));
+  }
+  // Every wire phase but PHASE_UNSPECIFIED is some scheduler phase.
+  EXPECT_EQ(v1::Progress::Phase_descriptor()->value_count(),
+            1 + static_cast<int>(std::size(phases)));
 }
 
 }  // namespace

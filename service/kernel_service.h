@@ -1,43 +1,34 @@
-// The gRPC faces of the daemon: KernelService for trainers and AdminService
-// for ops, both thin adapters over KernelBackend and Store. GetKernel uses the
-// callback API: a hit (or a refusal) is answered on the gRPC thread that read
-// the request, with no hand-off to a sync server thread (that hand-off cost
-// more than the rest of a hit; bench/service). Its response is written as raw
-// bytes whose cubin part points into the store's shared entry, so the cubin
-// is not copied on its way to the socket. A GetKernel or GetKernelStream that
-// waits for a compile holds no thread: its reactor is finished by the
-// scheduler's completion callback (Ticket::OnDone) on the thread that ends the
-// wait, GetKernelStream's progress events are written from the scheduler's
+// KernelService, the trainers' gRPC face of the daemon: a thin adapter over
+// KernelBackend. GetKernel uses the callback API: a hit (or a refusal) is
+// answered on the gRPC thread that read the request, with no hand-off to a
+// sync server thread (that hand-off cost more than the rest of a hit;
+// bench/service). Its response is written as raw bytes whose cubin part
+// points into the store's shared entry, so the cubin is not copied on its way
+// to the socket. A GetKernel or GetKernelStream that waits for a compile
+// holds no thread: its reactor is finished by the scheduler's completion
+// callback (Ticket::OnDone) on the thread that ends the wait,
+// GetKernelStream's progress events are written from the scheduler's
 // ProgressFn, and client cancellation reaches either through the reactor's
 // OnCancel. Prefetch (lookups and queueing, no waiting) is answered on the
-// gRPC thread too. The AdminService methods (synchronous handlers) hold a
-// thread of their own while they run.
+// gRPC thread too.
 #pragma once
 
 #include <atomic>
 #include <memory>
 #include <string>
-#include <string_view>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/synchronization/mutex.h"
-
-#include "cache/store.h"
 #include "kcache/v1/service.grpc.pb.h"
 #include "service/kernel_backend.h"
-#include "service/metrics.h"
 #include "service/request_parse.h"
+#include "service/serving_state.h"
 
 namespace kcache {
 
-struct ServingState {
-  // Set once shutdown begins: new requests are answered UNAVAILABLE.
-  std::atomic<bool> shutting_down{false};
-};
-
 // Who may send raw kernels (GetKernelRequest.raw): nobody unless enabled;
-// then only calls carrying "authorization: Bearer <token>" (raw input is
+// then only calls carrying the admin token (service/admin_token.h; raw input is
 // code: the Unix socket's file mode admits every trainer, and that is not
 // enough), and only on a listener where admin calls are accepted too (the
 // Unix socket, or TCP with TLS): the token never counts on plaintext TCP,
@@ -51,10 +42,9 @@ struct RawKernelPolicy {
   bool token_accepted_here = true;
 };
 
-// Whether an "authorization" metadata value is "Bearer <token>". Its time
-// depends on the lengths only, not on where the value first differs.
-// `token` must not be empty.
-bool BearerTokenMatches(std::string_view authorization, std::string_view token);
+// The wire phase of a scheduler phase (compiler/scheduler/scheduler.h), for
+// GetKernelStream's progress events.
+v1::Progress::Phase ToProtoPhase(Phase phase);
 
 // Register one instance with one server (a callback method's handler is
 // bound to the server that registered it). The destructor waits until every
@@ -116,10 +106,8 @@ class KernelServiceImpl final
   // no lock held.
   void AbandonWaits();
 
-  // Calls (both methods) waiting for a compile right now (a gauge), and a
-  // wait until there are exactly `n` of them (for tests, which must not
-  // sleep).
-  int waiting_calls() const;
+  // Waits until exactly `n` calls (both methods) are waiting for a compile
+  // (for tests, which must not sleep).
   void AwaitWaitingCalls(int n) const;
 
  private:
@@ -137,11 +125,11 @@ class KernelServiceImpl final
 
   // The request's bytes, bounded and parsed (service/request_parse.h).
   absl::StatusOr<v1::GetKernelRequest> ParseRequest(const grpc::ByteBuffer& request) const;
-  absl::Status Admit(grpc::ServerContextBase* ctx, const v1::GetKernelRequest& req) const;
+  absl::Status Admit(grpc::CallbackServerContext* ctx, const v1::GetKernelRequest& req) const;
   // For a request with `raw`: FailedPrecondition when raw kernels are off,
   // PermissionDenied without the admin token, InvalidArgument over the size
   // limit. `field` prefixes messages ("raw", "requests[2].raw").
-  absl::Status AdmitRaw(grpc::ServerContextBase* ctx, const v1::GetKernelRequest& req,
+  absl::Status AdmitRaw(grpc::CallbackServerContext* ctx, const v1::GetKernelRequest& req,
                         const std::string& field) const;
   absl::Time DeadlineOf(grpc::ServerContextBase* ctx) const;
 
@@ -152,51 +140,6 @@ class KernelServiceImpl final
   const RawKernelPolicy raw_;
   const RequestLimits limits_;
   const std::shared_ptr<Waiting> waiting_ = std::make_shared<Waiting>();
-};
-
-class AdminServiceImpl final : public v1::AdminService::Service {
- public:
-  // `token` non-empty: every call must carry "authorization: Bearer <token>"
-  // (the TCP listener); empty: no check (the Unix socket, guarded by its
-  // file mode).
-  AdminServiceImpl(Store* store, KernelBackend* backend, const ServingState* state,
-                   std::string token, MetricsRegistry* metrics)
-      : store_(store),
-        backend_(backend),
-        state_(state),
-        token_(std::move(token)),
-        evicted_(metrics->GetCounter("kcache_evictions_total", "Entries evicted from the store")) {}
-
-  grpc::Status Stats(grpc::ServerContext* ctx, const v1::StatsRequest* req,
-                     v1::StatsResponse* resp) override;
-  grpc::Status List(grpc::ServerContext* ctx, const v1::ListRequest* req,
-                    v1::ListResponse* resp) override;
-  grpc::Status Inspect(grpc::ServerContext* ctx, const v1::InspectRequest* req,
-                       v1::InspectResponse* resp) override;
-  grpc::Status Pin(grpc::ServerContext* ctx, const v1::PinRequest* req,
-                   v1::PinResponse* resp) override;
-  grpc::Status Unpin(grpc::ServerContext* ctx, const v1::PinRequest* req,
-                     v1::PinResponse* resp) override;
-  grpc::Status Evict(grpc::ServerContext* ctx, const v1::EvictRequest* req,
-                     v1::EvictResponse* resp) override;
-  grpc::Status Invalidate(grpc::ServerContext* ctx, const v1::InvalidateRequest* req,
-                          v1::InvalidateResponse* resp) override;
-  grpc::Status Verify(grpc::ServerContext* ctx, const v1::VerifyRequest* req,
-                      v1::VerifyResponse* resp) override;
-  grpc::Status Export(grpc::ServerContext* ctx, const v1::ExportRequest* req,
-                      grpc::ServerWriter<v1::BundleChunk>* writer) override;
-  grpc::Status Import(grpc::ServerContext* ctx, grpc::ServerReader<v1::BundleChunk>* reader,
-                      v1::ImportResponse* resp) override;
-
- private:
-  absl::Status Authorize(grpc::ServerContext* ctx) const;
-  absl::StatusOr<std::string> ResolveKey(const std::string& key_or_prefix);
-
-  Store* store_;
-  KernelBackend* backend_;
-  const ServingState* state_;
-  const std::string token_;
-  Counter* evicted_;
 };
 
 }  // namespace kcache

@@ -1,6 +1,4 @@
-#include "service/grpc_services.h"
-
-#include <glog/logging.h>
+#include "service/kernel_service.h"
 
 #include <deque>
 #include <optional>
@@ -10,29 +8,15 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
-#include "cache/key.h"
-#include "compiler/cuda/compile.h"
+#include "service/admin_token.h"
 #include "service/grpc_status.h"
-#include "service/logging.h"
 
 namespace kcache {
 
 namespace {
 
-constexpr int kRetryAfterMs = 500;
-constexpr size_t kMaxImportBytes = size_t{8} << 30;
-
 absl::Status AbandonedAtShutdown() {
   return absl::UnavailableError("kcached is shutting down; its compile was abandoned, retry");
-}
-
-grpc::Status Reply(grpc::ServerContextBase* ctx, const absl::Status& st) {
-  // A compile worker's limit (compiler/cuda/compile.h) is not transient: no hint.
-  if ((st.code() == absl::StatusCode::kResourceExhausted && !IsCompileLimitExceeded(st)) ||
-      st.code() == absl::StatusCode::kUnavailable) {
-    SetRetryHint(ctx, kRetryAfterMs);
-  }
-  return ToGrpcStatus(st);
 }
 
 void FillResponse(const KernelAnswer& a, v1::GetKernelResponse* resp) {
@@ -59,7 +43,7 @@ void FillRawResponse(const KernelAnswer& a, grpc::ByteBuffer* out) {
   }
   constexpr uint8_t kCubinTag = (v1::GetKernelResponse::kCubinFieldNumber << 3) | 2;
   head.push_back(static_cast<char>(kCubinTag));
-  for (uint64_t n = cubin.size(); ; n >>= 7) {  // varint length
+  for (uint64_t n = cubin.size();; n >>= 7) {  // varint length
     if (n < 0x80) {
       head.push_back(static_cast<char>(n));
       break;
@@ -67,10 +51,10 @@ void FillRawResponse(const KernelAnswer& a, grpc::ByteBuffer* out) {
     head.push_back(static_cast<char>((n & 0x7f) | 0x80));
   }
   auto* keep = new KernelAnswer(a);  // holds the entry; freed with the slice
-  grpc::Slice slices[2] = {
-      grpc::Slice(head),
-      grpc::Slice(const_cast<char*>(cubin.data()), cubin.size(),
-                  [](void* p) { delete static_cast<KernelAnswer*>(p); }, keep)};
+  grpc::Slice slices[2] = {grpc::Slice(head),
+                           grpc::Slice(
+                               const_cast<char*>(cubin.data()), cubin.size(),
+                               [](void* p) { delete static_cast<KernelAnswer*>(p); }, keep)};
   *out = grpc::ByteBuffer(slices, 2);
 }
 
@@ -92,7 +76,7 @@ grpc::ByteBuffer Serialized(const google::protobuf::Message& m) {
 
 v1::Progress ToProto(const ProgressEvent& e) {
   v1::Progress p;
-  p.set_phase(static_cast<v1::Progress::Phase>(static_cast<int>(e.phase) + 1));
+  p.set_phase(ToProtoPhase(e.phase));
   p.set_queue_position(static_cast<uint32_t>(e.queue_position));
   p.set_queue(e.queue);
   return p;
@@ -108,34 +92,33 @@ struct CallTiming {
   void Observe(KernelBackend::Outcome o) const { backend->ObserveRequest(o, absl::Now() - start); }
   // For a waiting call's outcome.
   void ObserveWait(bool ok) const {
-    Observe(!ok                                       ? KernelBackend::Outcome::kFailed
+    Observe(!ok                                                 ? KernelBackend::Outcome::kFailed
             : compiled_here != nullptr && compiled_here->load() ? KernelBackend::Outcome::kCompiled
-                                                               : KernelBackend::Outcome::kWaited);
+                                                                : KernelBackend::Outcome::kWaited);
   }
 };
 
 }  // namespace
 
-bool BearerTokenMatches(std::string_view authorization, std::string_view token) {
-  constexpr std::string_view kBearer = "Bearer ";
-  // Every byte of the value is compared, whatever the first difference; a
-  // wrong length is only learnt at the end.
-  const size_t expected = kBearer.size() + token.size();
-  unsigned char diff = authorization.size() == expected ? 0 : 1;
-  for (size_t i = 0; i < authorization.size(); ++i) {
-    const char want = i < kBearer.size() ? kBearer[i]
-                      : i < expected     ? token[i - kBearer.size()]
-                                         : token[(i - kBearer.size()) % token.size()];
-    diff |= static_cast<unsigned char>(authorization[i] ^ want);
+v1::Progress::Phase ToProtoPhase(Phase phase) {
+  // Each value by name: the two enums are numbered independently (the proto
+  // starts with PHASE_UNSPECIFIED), and -Wswitch names a Phase left out here.
+  switch (phase) {
+    case Phase::kQueued:
+      return v1::Progress::PHASE_QUEUED;
+    case Phase::kCompiling:
+      return v1::Progress::PHASE_COMPILING;
+    case Phase::kVerifying:
+      return v1::Progress::PHASE_VERIFYING;
+    case Phase::kDone:
+      return v1::Progress::PHASE_DONE;
+    case Phase::kFailed:
+      return v1::Progress::PHASE_FAILED;
   }
-  // Keep the compiler from turning the loop into an early-exit compare.
-  volatile unsigned char result = diff;
-  return result == 0;
+  return v1::Progress::PHASE_UNSPECIFIED;
 }
 
-// --- KernelService -----------------------------------------------------------
-
-absl::Status KernelServiceImpl::Admit(grpc::ServerContextBase* ctx,
+absl::Status KernelServiceImpl::Admit(grpc::CallbackServerContext* ctx,
                                       const v1::GetKernelRequest& req) const {
   if (state_->shutting_down.load()) return absl::UnavailableError("kcached is shutting down");
   if (req.spec().ByteSizeLong() > max_spec_bytes_) {
@@ -146,13 +129,14 @@ absl::Status KernelServiceImpl::Admit(grpc::ServerContextBase* ctx,
   return absl::OkStatus();
 }
 
-absl::Status KernelServiceImpl::AdmitRaw(grpc::ServerContextBase* ctx,
+absl::Status KernelServiceImpl::AdmitRaw(grpc::CallbackServerContext* ctx,
                                          const v1::GetKernelRequest& req,
                                          const std::string& field) const {
   if (!raw_.enabled) {
     return absl::FailedPreconditionError(absl::StrCat(
-        field, ": raw kernels (LLVM IR / PTX) are disabled on this daemon; an operator can enable "
-               "them with --enable_raw_kernels (admin-token only)"));
+        field,
+        ": raw kernels (LLVM IR / PTX) are disabled on this daemon; an operator can enable "
+        "them with --enable_raw_kernels (admin-token only)"));
   }
   if (!raw_.token_accepted_here) {
     return absl::PermissionDeniedError(absl::StrCat(
@@ -160,25 +144,14 @@ absl::Status KernelServiceImpl::AdmitRaw(grpc::ServerContextBase* ctx,
         ": raw kernels are accepted only where admin calls are (the Unix socket, or TCP "
         "with TLS); the admin token is not accepted over plaintext TCP"));
   }
-  // ServerContextBase has no client_metadata(); both context kinds do.
-  const std::multimap<grpc::string_ref, grpc::string_ref>* md = nullptr;
-  if (auto* c = dynamic_cast<grpc::CallbackServerContext*>(ctx)) md = &c->client_metadata();
-  if (auto* c = dynamic_cast<grpc::ServerContext*>(ctx)) md = &c->client_metadata();
-  bool authorized = false;
-  if (md != nullptr) {
-    auto it = md->find("authorization");
-    authorized =
-        it != md->end() &&
-        BearerTokenMatches(std::string_view(it->second.data(), it->second.size()), raw_.token);
-  }
-  if (!authorized) {
+  if (!CarriesAdminToken(ctx->client_metadata(), raw_.token)) {
     return absl::PermissionDeniedError(absl::StrCat(
         field, ": raw kernels need the admin token (metadata \"authorization: Bearer <token>\")"));
   }
   if (req.raw().source().size() > raw_.max_source_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat(field, ".source: ", req.raw().source().size(),
-                                                   " bytes, over the limit of ",
-                                                   raw_.max_source_bytes, " (max_raw_source_bytes)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ".source: ", req.raw().source().size(), " bytes, over the limit of ",
+                     raw_.max_source_bytes, " (max_raw_source_bytes)"));
   }
   return absl::OkStatus();
 }
@@ -467,12 +440,12 @@ class KernelServiceImpl::StreamingCall final : public grpc::ServerWriteReactor<g
   TicketWait wait_;
   CallTiming timing_;  // compiled_here set before Start, then only read
   absl::Mutex mu_;
-  std::deque<grpc::ByteBuffer> queue_ ABSL_GUARDED_BY(mu_);    // serialized, not yet written
-  std::optional<grpc::Status> status_ ABSL_GUARDED_BY(mu_);    // the outcome, once known
-  bool writing_ ABSL_GUARDED_BY(mu_) = false;   // a StartWrite awaits its OnWriteDone
-  bool finished_ ABSL_GUARDED_BY(mu_) = false;  // Finish was called
-  bool broken_ ABSL_GUARDED_BY(mu_) = false;    // cancelled or a write failed
-  grpc::ByteBuffer current_;                    // the write in flight
+  std::deque<grpc::ByteBuffer> queue_ ABSL_GUARDED_BY(mu_);  // serialized, not yet written
+  std::optional<grpc::Status> status_ ABSL_GUARDED_BY(mu_);  // the outcome, once known
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;                // a StartWrite awaits its OnWriteDone
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;               // Finish was called
+  bool broken_ ABSL_GUARDED_BY(mu_) = false;                 // cancelled or a write failed
+  grpc::ByteBuffer current_;                                 // the write in flight
 };
 
 KernelServiceImpl::~KernelServiceImpl() {
@@ -493,11 +466,6 @@ void KernelServiceImpl::AbandonWaits() {
   }
   // Each runs its call's DoneFn (the answer) here, unless already answered.
   for (const auto& t : tickets) t->Cancel();
-}
-
-int KernelServiceImpl::waiting_calls() const {
-  absl::MutexLock lock(&waiting_->mu);
-  return static_cast<int>(waiting_->calls.size());
 }
 
 void KernelServiceImpl::AwaitWaitingCalls(int n) const {
@@ -604,192 +572,5 @@ grpc::ServerUnaryReactor* KernelServiceImpl::Prefetch(grpc::CallbackServerContex
   reactor->Finish(Reply(ctx, answer()));
   return reactor;
 }
-
-// --- AdminService ------------------------------------------------------------
-
-absl::Status AdminServiceImpl::Authorize(grpc::ServerContext* ctx) const {
-  if (state_->shutting_down.load()) return absl::UnavailableError("kcached is shutting down");
-  if (token_.empty()) return absl::OkStatus();
-  auto it = ctx->client_metadata().find("authorization");
-  if (it == ctx->client_metadata().end() ||
-      !BearerTokenMatches(std::string_view(it->second.data(), it->second.size()), token_)) {
-    return absl::PermissionDeniedError("admin calls over TCP need the admin token");
-  }
-  return absl::OkStatus();
-}
-
-absl::StatusOr<std::string> AdminServiceImpl::ResolveKey(const std::string& key) {
-  if (ValidateKey(key).ok()) return key;
-  // Not a binary key: a hex key or unique hex prefix, as people type them.
-  return store_->ResolveKeyPrefix(key);
-}
-
-#define KC_AUTHORIZE(ctx)                                           \
-  if (absl::Status _st = Authorize(ctx); !_st.ok()) return Reply(ctx, _st)
-
-grpc::Status AdminServiceImpl::Stats(grpc::ServerContext* ctx, const v1::StatsRequest*,
-                                     v1::StatsResponse* resp) {
-  KC_AUTHORIZE(ctx);
-  auto s = store_->Stats();
-  if (!s.ok()) return Reply(ctx, s.status());
-  *resp = *std::move(s);
-  backend_->FillCounters(resp);
-  return grpc::Status::OK;
-}
-
-grpc::Status AdminServiceImpl::List(grpc::ServerContext* ctx, const v1::ListRequest* req,
-                                    v1::ListResponse* resp) {
-  KC_AUTHORIZE(ctx);
-  auto r = store_->List(req->filter(), req->page_size(), req->page_token());
-  if (!r.ok()) return Reply(ctx, r.status());
-  *resp = *std::move(r);
-  return grpc::Status::OK;
-}
-
-grpc::Status AdminServiceImpl::Inspect(grpc::ServerContext* ctx, const v1::InspectRequest* req,
-                                       v1::InspectResponse* resp) {
-  KC_AUTHORIZE(ctx);
-  auto key = ResolveKey(req->key());
-  if (!key.ok()) return Reply(ctx, key.status());
-  auto e = store_->Inspect(*key);
-  if (!e.ok()) return Reply(ctx, e.status());
-  if (!e->has_value()) return Reply(ctx, absl::NotFoundError("no entry under that key"));
-  *resp->mutable_entry() = **e;
-  if (req->include_cubin()) {
-    auto entry = store_->Lookup(*key);  // digest-checked read
-    if (!entry.ok()) return Reply(ctx, entry.status());
-    if (*entry == nullptr) return Reply(ctx, absl::NotFoundError("no entry under that key"));
-    resp->set_cubin((*entry)->cubin);
-  }
-  return grpc::Status::OK;
-}
-
-grpc::Status AdminServiceImpl::Pin(grpc::ServerContext* ctx, const v1::PinRequest* req,
-                                   v1::PinResponse*) {
-  KC_AUTHORIZE(ctx);
-  auto key = ResolveKey(req->key());
-  if (!key.ok()) return Reply(ctx, key.status());
-  return Reply(ctx, store_->Pin(*key, req->reason()));
-}
-
-grpc::Status AdminServiceImpl::Unpin(grpc::ServerContext* ctx, const v1::PinRequest* req,
-                                     v1::PinResponse*) {
-  KC_AUTHORIZE(ctx);
-  auto key = ResolveKey(req->key());
-  if (!key.ok()) return Reply(ctx, key.status());
-  return Reply(ctx, store_->Unpin(*key));
-}
-
-grpc::Status AdminServiceImpl::Evict(grpc::ServerContext* ctx, const v1::EvictRequest* req,
-                                     v1::EvictResponse* resp) {
-  KC_AUTHORIZE(ctx);
-  std::optional<absl::Duration> grace;
-  if (req->grace_period_ms() > 0) grace = absl::Milliseconds(req->grace_period_ms());
-  const absl::Time start = absl::Now();
-  auto r = store_->Evict(req->max_bytes(), grace);
-  if (!r.ok()) return Reply(ctx, r.status());
-  evicted_->Inc(r->evicted_entries());
-  LOG(INFO) << "eviction entries=" << r->evicted_entries() << " freed_bytes=" << r->freed_bytes()
-            << " duration=" << LogSeconds(absl::Now() - start) << " (admin: gc --max-bytes "
-            << req->max_bytes() << ")";
-  *resp = *std::move(r);
-  return grpc::Status::OK;
-}
-
-grpc::Status AdminServiceImpl::Invalidate(grpc::ServerContext* ctx,
-                                          const v1::InvalidateRequest* req,
-                                          v1::InvalidateResponse* resp) {
-  KC_AUTHORIZE(ctx);
-  v1::InvalidateRequest r = *req;
-  if (r.what_case() == v1::InvalidateRequest::kKey) {
-    auto key = ResolveKey(r.key());
-    if (!key.ok()) return Reply(ctx, key.status());
-    r.set_key(*key);
-  }
-  const absl::Time start = absl::Now();
-  auto out = store_->Invalidate(r);
-  if (!out.ok()) return Reply(ctx, out.status());
-  std::string what;
-  switch (r.what_case()) {
-    case v1::InvalidateRequest::kToolchainId:
-      what = absl::StrCat("toolchain ", r.toolchain_id());
-      break;
-    case v1::InvalidateRequest::kArch:
-      what = absl::StrCat("arch ", r.arch());
-      break;
-    case v1::InvalidateRequest::kCreatedBeforeUnixMs:
-      what = absl::StrCat("created_before_unix_ms ", r.created_before_unix_ms());
-      break;
-    default:
-      what = "key";
-  }
-  LOG(INFO) << "invalidation what=" << what << " entries=" << out->removed_entries()
-            << " freed_bytes=" << out->freed_bytes()
-            << " duration=" << LogSeconds(absl::Now() - start);
-  *resp = *std::move(out);
-  return grpc::Status::OK;
-}
-
-grpc::Status AdminServiceImpl::Verify(grpc::ServerContext* ctx, const v1::VerifyRequest*,
-                                      v1::VerifyResponse* resp) {
-  KC_AUTHORIZE(ctx);
-  const absl::Time start = absl::Now();
-  auto r = store_->Verify();
-  if (!r.ok()) return Reply(ctx, r.status());
-  google::LogMessage(__FILE__, __LINE__, r->corrupt() > 0 ? google::GLOG_WARNING : google::GLOG_INFO)
-          .stream()
-      << "verify checked=" << r->checked() << " corrupt=" << r->corrupt()
-      << " quarantined=" << r->quarantined_keys_size()
-      << " duration=" << LogSeconds(absl::Now() - start);
-  *resp = *std::move(r);
-  return grpc::Status::OK;
-}
-
-grpc::Status AdminServiceImpl::Export(grpc::ServerContext* ctx, const v1::ExportRequest* req,
-                                      grpc::ServerWriter<v1::BundleChunk>* writer) {
-  KC_AUTHORIZE(ctx);
-  constexpr size_t kChunk = size_t{1} << 20;
-  std::string buf;
-  auto flush = [&]() -> absl::Status {
-    if (buf.empty()) return absl::OkStatus();
-    v1::BundleChunk c;
-    c.set_data(std::move(buf));
-    buf.clear();
-    if (!writer->Write(c)) return absl::CancelledError("client went away during export");
-    return absl::OkStatus();
-  };
-  auto r = store_->Export(req->filter(), [&](std::string_view piece) -> absl::Status {
-    buf.append(piece);
-    return buf.size() >= kChunk ? flush() : absl::OkStatus();
-  });
-  if (!r.ok()) return Reply(ctx, r.status());
-  return Reply(ctx, flush());
-}
-
-grpc::Status AdminServiceImpl::Import(grpc::ServerContext* ctx,
-                                      grpc::ServerReader<v1::BundleChunk>* reader,
-                                      v1::ImportResponse* resp) {
-  KC_AUTHORIZE(ctx);
-  // The bundle is validated as a whole before anything is written.
-  std::string bundle;
-  v1::BundleChunk c;
-  while (reader->Read(&c)) {
-    if (bundle.size() + c.data().size() > kMaxImportBytes) {
-      return Reply(ctx, absl::ResourceExhaustedError("import: bundle over 8 GiB"));
-    }
-    bundle.append(c.data());
-  }
-  ImportOptions opts;
-  opts.expected_toolchain_id = backend_->toolchain().id();
-  auto it = ctx->client_metadata().find("x-kcache-allow-foreign-toolchain");
-  opts.allow_foreign_toolchain =
-      it != ctx->client_metadata().end() && std::string_view(it->second.data(), it->second.size()) == "1";
-  auto r = store_->Import(bundle, opts);
-  if (!r.ok()) return Reply(ctx, r.status());
-  *resp = *std::move(r);
-  return grpc::Status::OK;
-}
-
-#undef KC_AUTHORIZE
 
 }  // namespace kcache
