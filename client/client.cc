@@ -8,8 +8,8 @@
 #include <thread>
 
 #include "absl/status/status.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "client/cuda_loader.h"
@@ -60,13 +60,13 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(ClientOptions options) {
     std::stringstream ss;
     ss << in.rdbuf();
     if (!in) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "ClientOptions.admin_token_path: cannot read ", options.admin_token_path));
+      return absl::InvalidArgumentError(
+          absl::StrCat("ClientOptions.admin_token_path: cannot read ", options.admin_token_path));
     }
     token = std::string(absl::StripAsciiWhitespace(ss.str()));
     if (token.empty()) {
-      return absl::InvalidArgumentError(absl::StrCat("ClientOptions.admin_token_path: ",
-                                                     options.admin_token_path, " is empty"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("ClientOptions.admin_token_path: ", options.admin_token_path, " is empty"));
     }
   }
   return std::unique_ptr<Client>(new Client(std::move(options), std::move(token)));
@@ -107,15 +107,14 @@ uint64_t Client::rpc_count() const {
 
 absl::Status Client::EnsureConnected(absl::Time deadline) {
   const absl::Time until = std::min(deadline, absl::Now() + options_.connect_timeout);
-  if (auto st = ProbeUnixTarget(options_.target, until - absl::Now(), reached_.load());
-      !st.ok()) {
+  if (auto st = ProbeUnixTarget(options_.target, until - absl::Now(), reached_.load()); !st.ok()) {
     return st;
   }
   if (channel_->GetState(true) != GRPC_CHANNEL_READY &&
       !channel_->WaitForConnected(absl::ToChronoTime(until))) {
     return absl::UnavailableError(absl::StrCat("no kcache daemon answered at ", options_.target,
-                                               " within ", absl::FormatDuration(
-                                                               options_.connect_timeout)));
+                                               " within ",
+                                               absl::FormatDuration(options_.connect_timeout)));
   }
   reached_.store(true);
   return absl::OkStatus();
@@ -335,8 +334,8 @@ absl::StatusOr<std::shared_ptr<const v1::GetKernelResponse>> Client::FetchReques
     }
     flight = slot;
   }
-  absl::Time until = absl::Now() + (deadline > absl::ZeroDuration() ? deadline
-                                                                    : options_.default_deadline);
+  absl::Time until =
+      absl::Now() + (deadline > absl::ZeroDuration() ? deadline : options_.default_deadline);
   if (leader) {
     auto r = CallGetKernel(req, until);
     if (r.ok()) {

@@ -173,7 +173,7 @@ class Client {
   absl::StatusOr<std::shared_ptr<const v1::GetKernelResponse>> FetchRequest(
       const v1::GetKernelRequest& request, absl::Duration deadline);
   absl::StatusOr<std::shared_ptr<const LoadedKernel>> LoadRequest(v1::GetKernelRequest request,
-                                                                   absl::Duration deadline);
+                                                                  absl::Duration deadline);
   absl::StatusOr<std::shared_ptr<const v1::GetKernelResponse>> CallGetKernel(
       const v1::GetKernelRequest& request, absl::Time deadline);
   // Before an RPC: the socket probe, then the channel's connect, both within

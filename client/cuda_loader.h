@@ -60,8 +60,8 @@ struct CudaApi {
   CUresult (*cuCtxGetId)(CUcontext, unsigned long long*);
   // Raw-kernel launches (client/raw_launch.h).
   CUresult (*cuFuncGetAttribute)(int*, int, CUfunction);
-  CUresult (*cuLaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned,
-                             unsigned, unsigned, CUstream, void**, void**);
+  CUresult (*cuLaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                             unsigned, CUstream, void**, void**);
   // Optional (CUDA 12+): null where the driver lacks it.
   CUresult (*cuLaunchKernelEx)(const CuLaunchConfig*, CUfunction, void**, void**);
 };

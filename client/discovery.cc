@@ -58,8 +58,7 @@ int ConnectOnce(const std::string& path) {
 
 }  // namespace
 
-absl::Status ProbeUnixTarget(absl::string_view target, absl::Duration budget,
-                             bool reached_before) {
+absl::Status ProbeUnixTarget(absl::string_view target, absl::Duration budget, bool reached_before) {
   const std::string path = UnixSocketPath(target);
   if (path.empty()) return absl::OkStatus();
   if (path.size() >= sizeof(sockaddr_un{}.sun_path)) {
@@ -78,10 +77,10 @@ absl::Status ProbeUnixTarget(absl::string_view target, absl::Duration budget,
         continue;
       }
       if (stat_errno == EACCES) {
-        return absl::UnavailableError(absl::StrCat(
-            "kcache daemon socket ", path,
-            ": permission denied (a directory on the path may not be searched; "
-            "is this user in the kcache group?)"));
+        return absl::UnavailableError(
+            absl::StrCat("kcache daemon socket ", path,
+                         ": permission denied (a directory on the path may not be searched; "
+                         "is this user in the kcache group?)"));
       }
       return absl::UnavailableError(absl::StrCat("no kcache daemon at ", target, ": ", path,
                                                  " does not exist; ", kStartHint));

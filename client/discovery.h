@@ -36,8 +36,7 @@ std::string UnixSocketPath(absl::string_view target);
 // talked to the daemon at this target, so a missing socket is a daemon
 // restarting (it removes its socket on exit) and is waited for too, within
 // the budget; otherwise a missing socket fails at once.
-absl::Status ProbeUnixTarget(absl::string_view target,
-                             absl::Duration budget = absl::Seconds(10),
+absl::Status ProbeUnixTarget(absl::string_view target, absl::Duration budget = absl::Seconds(10),
                              bool reached_before = false);
 
 }  // namespace kcache

@@ -91,10 +91,10 @@ absl::Status SetField(v1::DaemonConfig& c, const pb::FieldDescriptor* f, const s
   const pb::Reflection* r = c.GetReflection();
   const Unit unit = UnitOf(f);
   auto bad = [&](absl::string_view why = "") {
-    return absl::InvalidArgumentError(absl::StrCat(
-        where, ": '", value, "' is not a valid ",
-        unit == Unit::kNone ? f->type_name() : UnitHelp(unit), why.empty() ? "" : " (", why,
-        why.empty() ? "" : ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": '", value, "' is not a valid ",
+                     unit == Unit::kNone ? f->type_name() : UnitHelp(unit), why.empty() ? "" : " (",
+                     why, why.empty() ? "" : ")"));
   };
   uint64_t number = 0;
   if (unit == Unit::kBytes) {
@@ -166,8 +166,8 @@ absl::Status MergeConfigFile(v1::DaemonConfig& c, const std::string& path) {
   try {
     root = YAML::Load(ss.str());
   } catch (const YAML::Exception& e) {
-    return absl::InvalidArgumentError(absl::StrCat("--config: ", path, ":", e.mark.line + 1, ": ",
-                                                   e.msg));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--config: ", path, ":", e.mark.line + 1, ": ", e.msg));
   }
   if (root.IsNull()) return absl::OkStatus();  // empty, or only comments
   if (!root.IsMap()) {
@@ -187,8 +187,8 @@ absl::Status MergeConfigFile(v1::DaemonConfig& c, const std::string& path) {
     }
     if (kv.second.IsNull()) continue;  // "field:" with no value keeps the default
     if (!kv.second.IsScalar()) {
-      return absl::InvalidArgumentError(absl::StrCat("--config: ", At(path, kv.second), ": ",
-                                                     name, ": expected a single value"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("--config: ", At(path, kv.second), ": ", name, ": expected a single value"));
     }
     if (absl::Status st =
             SetField(c, f, kv.second.Scalar(), absl::StrCat(At(path, kv.second), ": ", name));

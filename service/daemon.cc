@@ -76,7 +76,8 @@ struct Daemon::Impl {
   std::thread janitor;
 
   void JanitorLoop() {
-    Counter* evicted = metrics.GetCounter("kcache_evictions_total", "Entries evicted from the store");
+    Counter* evicted =
+        metrics.GetCounter("kcache_evictions_total", "Entries evicted from the store");
     absl::MutexLock lock(&janitor_mu);
     const absl::Duration every = absl::Milliseconds(config.eviction_interval_ms());
     while (!janitor_mu.AwaitWithTimeout(absl::Condition(&janitor_stop), every)) {
@@ -126,11 +127,10 @@ void RateLimitedProtobufLog(google::protobuf::LogLevel level, const char* file, 
       dropped = 0;
     }
   }
-  const google::LogSeverity severity = level >= google::protobuf::LOGLEVEL_ERROR
-                                           ? google::GLOG_ERROR
-                                       : level == google::protobuf::LOGLEVEL_WARNING
-                                           ? google::GLOG_WARNING
-                                           : google::GLOG_INFO;
+  const google::LogSeverity severity =
+      level >= google::protobuf::LOGLEVEL_ERROR     ? google::GLOG_ERROR
+      : level == google::protobuf::LOGLEVEL_WARNING ? google::GLOG_WARNING
+                                                    : google::GLOG_INFO;
   google::LogMessage(file, line, severity).stream() << "protobuf: " << message;
 }
 
@@ -155,9 +155,8 @@ const char* FileKind(mode_t mode) {
 // a live daemon answers on (two daemons on one socket).
 absl::Status PrepareSocketPath(const std::string& path) {
   std::error_code ec;
-  fs::create_directories(fs::path(path).parent_path().empty() ? fs::path(".")
-                                                              : fs::path(path).parent_path(),
-                         ec);
+  fs::create_directories(
+      fs::path(path).parent_path().empty() ? fs::path(".") : fs::path(path).parent_path(), ec);
   struct stat st;
   if (lstat(path.c_str(), &st) != 0) {
     if (errno == ENOENT) return absl::OkStatus();
@@ -259,8 +258,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const v1::DaemonConfig& co
   // log the call itself, with its duration).
   so.on_removed = [](std::string_view kind, std::string_view key, std::string_view detail) {
     if (kind == "quarantined") {
-      LOG(WARNING) << "quarantine key=" << KeyPrefix(key) << " reason="
-                   << LogQuote(absl::string_view(detail.data(), detail.size()))
+      LOG(WARNING) << "quarantine key=" << KeyPrefix(key)
+                   << " reason=" << LogQuote(absl::string_view(detail.data(), detail.size()))
                    << " (never served; compiled again on the next request)";
     } else {
       LOG(INFO) << (kind == "evicted" ? "evict" : "invalidate") << " key=" << KeyPrefix(key);
@@ -271,8 +270,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const v1::DaemonConfig& co
   so.eviction_grace_period = absl::Milliseconds(c.eviction_grace_ms());
   auto store = Store::Open(c.store_path(), so);
   if (!store.ok()) {
-    return absl::Status(store.status().code(),
-                        absl::StrCat("store_path ", c.store_path(), ": ", store.status().message()));
+    return absl::Status(store.status().code(), absl::StrCat("store_path ", c.store_path(), ": ",
+                                                            store.status().message()));
   }
   d->store = *std::move(store);
 
@@ -296,8 +295,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const v1::DaemonConfig& co
   // Raw kernels: only when enabled (their fingerprint reads the ~100 MB
   // nvJitLink library). A missing nvJitLink leaves attention kernels alone.
   v1::Toolchain raw_toolchain;
-  absl::Status raw_toolchain_status = absl::FailedPreconditionError(
-      "raw kernels are disabled (enable_raw_kernels)");
+  absl::Status raw_toolchain_status =
+      absl::FailedPreconditionError("raw kernels are disabled (enable_raw_kernels)");
   std::string raw_token;
   if (c.enable_raw_kernels()) {
     auto token = ReadFile(c.admin_token_path(), "admin_token_path");
@@ -325,7 +324,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const v1::DaemonConfig& co
   wo.nvrtc_path = c.nvrtc_path();
   wo.nvjitlink_path = c.nvjitlink_path();
   unsigned cores = std::max(1u, std::thread::hardware_concurrency());
-  int threads = c.compile_threads() ? static_cast<int>(c.compile_threads()) : static_cast<int>(cores);
+  int threads =
+      c.compile_threads() ? static_cast<int>(c.compile_threads()) : static_cast<int>(cores);
   wo.max_workers = c.compile_workers() ? static_cast<int>(c.compile_workers()) : threads;
   wo.limit_as_bytes = c.compile_limit_address_space_bytes();
   wo.limit_cpu_seconds = c.compile_limit_cpu_seconds();
@@ -425,18 +425,17 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const v1::DaemonConfig& co
     std::string labels = absl::StrCat(
         "version=\"", KCACHE_VERSION_STRING, "\",cuda=\"", KCACHE_CUDA_HEADERS_VERSION,
         "\",nvrtc=\"", toolchain_status.ok() ? toolchain.version() : std::string("none"), "\"");
-    d->metrics.AddGauge("kcache_build_info", "kcached's version and build (always 1)",
-                        [labels] {
-                          return std::vector<std::pair<std::string, double>>{{labels, 1}};
-                        });
+    d->metrics.AddGauge("kcache_build_info", "kcached's version and build (always 1)", [labels] {
+      return std::vector<std::pair<std::string, double>>{{labels, 1}};
+    });
   }
 
   WorkerPool* pool = d->workers.get();
   d->metrics.AddCounterFunc("kcache_compile_worker_retries_total",
-                      "Compiles retried on a fresh worker after their worker died", [pool] {
-                        return std::vector<std::pair<std::string, double>>{
-                            {"", static_cast<double>(pool->retried_compiles())}};
-                      });
+                            "Compiles retried on a fresh worker after their worker died", [pool] {
+                              return std::vector<std::pair<std::string, double>>{
+                                  {"", static_cast<double>(pool->retried_compiles())}};
+                            });
 
   d->metrics.AddCounterFunc(
       "kcache_compile_limit_exceeded_total",
@@ -468,8 +467,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const v1::DaemonConfig& co
   d->kernel_service = std::make_unique<KernelServiceImpl>(
       d->backend.get(), &d->state, max_spec, absl::Milliseconds(c.default_deadline_ms()),
       raw_policy, limits);
-  d->admin_local = std::make_unique<AdminServiceImpl>(d->store.get(), d->backend.get(), &d->state, "",
-                                                      &d->metrics);
+  d->admin_local = std::make_unique<AdminServiceImpl>(d->store.get(), d->backend.get(), &d->state,
+                                                      "", &d->metrics);
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
 
@@ -529,13 +528,14 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const v1::DaemonConfig& co
       if (!token.ok()) return token.status();
       std::string t(absl::StripAsciiWhitespace(*token));
       if (t.empty()) return absl::InvalidArgumentError("admin_token_path: the token file is empty");
-      d->admin_tcp = std::make_unique<AdminServiceImpl>(d->store.get(), d->backend.get(),
-                                                        &d->state, t, &d->metrics);
+      d->admin_tcp = std::make_unique<AdminServiceImpl>(d->store.get(), d->backend.get(), &d->state,
+                                                        t, &d->metrics);
       b.RegisterService(d->admin_tcp.get());
     }
     d->tcp_server = b.BuildAndStart();
     if (d->tcp_server == nullptr) {
-      return absl::UnavailableError(absl::StrCat("tcp_address: cannot listen on ", c.tcp_address()));
+      return absl::UnavailableError(
+          absl::StrCat("tcp_address: cannot listen on ", c.tcp_address()));
     }
   }
   if (!c.metrics_address().empty()) {

@@ -51,9 +51,9 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(const std::string&
   sockaddr_storage bound{};
   socklen_t len = sizeof(bound);
   getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &len);
-  int actual = ntohs(bound.ss_family == AF_INET6
-                         ? reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port
-                         : reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
+  int actual =
+      ntohs(bound.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port
+                                        : reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
   // The pipe stops the serving thread; without it the thread could not be
   // joined, so its failure is a start-up error.
   int stop_pipe[2];
@@ -66,7 +66,10 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(const std::string&
 }
 
 HttpServer::HttpServer(int fd, int port, const int stop_pipe[2], Handler metrics)
-    : listen_fd_(fd), port_(port), stop_pipe_{stop_pipe[0], stop_pipe[1]}, metrics_(std::move(metrics)) {
+    : listen_fd_(fd),
+      port_(port),
+      stop_pipe_{stop_pipe[0], stop_pipe[1]},
+      metrics_(std::move(metrics)) {
   thread_ = std::thread([this] { Loop(); });
 }
 

@@ -52,12 +52,12 @@ KernelBackend::KernelBackend(BackendDeps deps) : deps_(std::move(deps)) {
                                     {0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32, 64, 128});
   const char* outcomes[] = {"hit", "compiled", "waited", "failed"};
   for (int i = 0; i < 4; ++i) {
-    request_seconds_[i] = m.GetHistogram(
-        "kcache_get_kernel_seconds",
-        "GetKernel and GetKernelStream latency, from arrival to answer, by outcome",
-        {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120,
-         300, 600},
-        absl::StrCat("outcome=\"", outcomes[i], "\""));
+    request_seconds_[i] =
+        m.GetHistogram("kcache_get_kernel_seconds",
+                       "GetKernel and GetKernelStream latency, from arrival to answer, by outcome",
+                       {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5,
+                        10, 30, 60, 120, 300, 600},
+                       absl::StrCat("outcome=\"", outcomes[i], "\""));
   }
 }
 
@@ -71,11 +71,11 @@ absl::StatusOr<ResolvedRequest> KernelBackend::Resolve(const v1::GetKernelReques
   }
   if (request.has_raw()) {
     if (!deps_.raw_toolchain_status.ok()) {
-      return absl::Status(
-          absl::IsFailedPrecondition(deps_.raw_toolchain_status) ? absl::StatusCode::kFailedPrecondition
-                                                                 : absl::StatusCode::kUnavailable,
-          absl::StrCat("this daemon cannot compile raw kernels: ",
-                       deps_.raw_toolchain_status.message()));
+      return absl::Status(absl::IsFailedPrecondition(deps_.raw_toolchain_status)
+                              ? absl::StatusCode::kFailedPrecondition
+                              : absl::StatusCode::kUnavailable,
+                          absl::StrCat("this daemon cannot compile raw kernels: ",
+                                       deps_.raw_toolchain_status.message()));
     }
   } else if (!deps_.toolchain_status.ok()) {
     // Not UNAVAILABLE: retrying does not help until an operator installs
@@ -94,11 +94,11 @@ absl::StatusOr<ResolvedRequest> KernelBackend::Resolve(const v1::GetKernelReques
       auto it = std::find_if(devices_.begin(), devices_.end(),
                              [&](const DeviceInfo& d) { return d.ordinal == t.device(); });
       if (it == devices_.end()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "target.device: no device ", t.device(), " on this node (",
-            devices_.empty() ? std::string("compile-only mode: give target.arch")
-                             : absl::StrCat(devices_.size(), " devices"),
-            ")"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("target.device: no device ", t.device(), " on this node (",
+                         devices_.empty() ? std::string("compile-only mode: give target.arch")
+                                          : absl::StrCat(devices_.size(), " devices"),
+                         ")"));
       }
       arch = TargetArchForCapability(it->cc_major, it->cc_minor);
       r.device = it->ordinal;
@@ -111,8 +111,8 @@ absl::StatusOr<ResolvedRequest> KernelBackend::Resolve(const v1::GetKernelReques
       return absl::InvalidArgumentError("target: set arch (e.g. \"sm_90a\") or device");
   }
   if (request.has_raw()) {
-    auto raw = ResolveRaw(request.raw(), arch, deps_.raw_toolchain,
-                          deps_.config.max_raw_kernel_names());
+    auto raw =
+        ResolveRaw(request.raw(), arch, deps_.raw_toolchain, deps_.config.max_raw_kernel_names());
     if (!raw.ok()) return raw.status();
     r.id.arch = raw->arch;
     r.id.key = raw->key;
@@ -151,8 +151,9 @@ CompileResult KernelBackend::Compile(const ResolvedRequest& r, absl::Time compil
     EntryRef e = FetchOrClaim(*deps_.remote, *deps_.store, r.id.key,
                               now + (compile_deadline - now) / 2, &lease);
     if (e != nullptr) {
-      LOG(INFO) << "compile " << CompileFields(r) << " outcome=remote duration="
-                << LogSeconds(absl::Now() - now) << " (another node's compile, from the shared tier)";
+      LOG(INFO) << "compile " << CompileFields(r)
+                << " outcome=remote duration=" << LogSeconds(absl::Now() - now)
+                << " (another node's compile, from the shared tier)";
       return e;
     }
   }
@@ -162,9 +163,10 @@ CompileResult KernelBackend::Compile(const ResolvedRequest& r, absl::Time compil
   VLOG(1) << "compile " << CompileFields(r) << " started";
   auto fail = [&](absl::Status st) -> CompileResult {
     compile_failures_->Inc();
-    LOG(WARNING) << "compile " << CompileFields(r) << " outcome=failed duration="
-                 << LogSeconds(absl::Now() - start) << " code="
-                 << absl::StatusCodeToString(st.code()) << " error=" << LogQuote(st.message());
+    LOG(WARNING) << "compile " << CompileFields(r)
+                 << " outcome=failed duration=" << LogSeconds(absl::Now() - start)
+                 << " code=" << absl::StatusCodeToString(st.code())
+                 << " error=" << LogQuote(st.message());
     return st;
   };
   auto build = r.raw != nullptr
@@ -206,8 +208,7 @@ CompileResult KernelBackend::Compile(const ResolvedRequest& r, absl::Time compil
   return *std::move(entry);
 }
 
-JobFn KernelBackend::MakeJob(std::shared_ptr<const ResolvedRequest> r,
-                             absl::Time compile_deadline,
+JobFn KernelBackend::MakeJob(std::shared_ptr<const ResolvedRequest> r, absl::Time compile_deadline,
                              std::shared_ptr<std::atomic<bool>> compiled) {
   return [this, r, compile_deadline, compiled](const ReportFn& report) {
     return Compile(*r, compile_deadline, report, compiled.get());
@@ -215,8 +216,8 @@ JobFn KernelBackend::MakeJob(std::shared_ptr<const ResolvedRequest> r,
 }
 
 absl::StatusOr<KernelBackend::Pending> KernelBackend::Begin(const v1::GetKernelRequest& request,
-                                                           absl::Time deadline,
-                                                           ProgressFn progress) {
+                                                            absl::Time deadline,
+                                                            ProgressFn progress) {
   requests_->Inc();
   auto r = Resolve(request);
   if (!r.ok()) {
@@ -280,7 +281,8 @@ v1::PrefetchResponse KernelBackend::Prefetch(const v1::PrefetchRequest& request)
     sreq.key = shared->id.key;
     sreq.queue = shared->queue;
     sreq.priority = Priority::kPrefetch;
-    sreq.job = MakeJob(shared, absl::Now() + absl::Milliseconds(deps_.config.default_deadline_ms()));
+    sreq.job =
+        MakeJob(shared, absl::Now() + absl::Milliseconds(deps_.config.default_deadline_ms()));
     absl::Status st = deps_.scheduler->SubmitPrefetch(std::move(sreq));
     if (st.ok()) {
       out->set_state(v1::PrefetchResult::STATE_QUEUED);

@@ -36,7 +36,7 @@ struct BackendDeps {
   // Runs the numeric check before serve (compiler/numeric_check.h) on the
   // verifying device; null: attention kernels are published "unchecked".
   NumericRunner* numeric_runner = nullptr;
-  v1::Toolchain toolchain;     // id filled
+  v1::Toolchain toolchain;  // id filled
   // Not OK when NVRTC could not be loaded: kernel requests answer with it.
   absl::Status toolchain_status;
   // The raw-kernel toolchain (compiler/toolchain.h RawToolchain), when raw
@@ -54,10 +54,10 @@ struct BackendDeps {
 
 // A request resolved to its kernel identity and where it compiles.
 struct ResolvedRequest {
-  AttentionIdentity id;  // normalized spec, arch, key (raw: arch and key only)
+  AttentionIdentity id;                    // normalized spec, arch, key (raw: arch and key only)
   std::shared_ptr<const RawIdentity> raw;  // set for a raw kernel
-  std::string queue;     // "gpu0", or the arch in compile-only mode
-  int device = -1;       // device that verifies, or -1
+  std::string queue;                       // "gpu0", or the arch in compile-only mode
+  int device = -1;                         // device that verifies, or -1
 };
 
 // What a GetKernel answers: the record and cubin, shared and immutable

@@ -9,8 +9,7 @@
 namespace kcache {
 
 Histogram::Histogram(std::vector<double> bounds)
-    : bounds_(std::move(bounds)),
-      buckets_(new std::atomic<uint64_t>[bounds_.size() + 1]) {
+    : bounds_(std::move(bounds)), buckets_(new std::atomic<uint64_t>[bounds_.size() + 1]) {
   for (size_t i = 0; i <= bounds_.size(); ++i) buckets_[i].store(0);
 }
 
@@ -119,7 +118,8 @@ std::string MetricsRegistry::Render() const {
   for (const Item& it : items) {
     absl::StrAppend(&out, "# HELP ", it.name, " ", it.help, "\n# TYPE ", it.name, " ", it.type,
                     "\n");
-    for (const auto& [l, v] : it.counters) absl::StrAppend(&out, WithLabels(it.name, l), " ", v, "\n");
+    for (const auto& [l, v] : it.counters)
+      absl::StrAppend(&out, WithLabels(it.name, l), " ", v, "\n");
     for (const auto& [l, s] : it.histograms) {
       for (size_t i = 0; i < s.cumulative.size(); ++i) {
         std::string le = i < s.bounds.size() ? Num(s.bounds[i]) : "+Inf";
@@ -130,7 +130,8 @@ std::string MetricsRegistry::Render() const {
       absl::StrAppend(&out, WithLabels(it.name + "_count", l), " ", s.count, "\n");
     }
     if (it.gauge) {
-      for (const auto& [l, v] : it.gauge()) absl::StrAppend(&out, WithLabels(it.name, l), " ", Num(v), "\n");
+      for (const auto& [l, v] : it.gauge())
+        absl::StrAppend(&out, WithLabels(it.name, l), " ", Num(v), "\n");
     }
   }
   return out;

@@ -32,8 +32,8 @@ EntryRef FetchOrClaim(SharedTier& tier, Store& store, std::string_view key, absl
   auto stored = store.Publish(std::move(record), remote->cubin);
   if (stored.ok()) return *std::move(stored);
   // Verified already: serve it even if the local store cannot take it now.
-  LOG(WARNING) << "remote tier: storing a fetched entry locally failed: key="
-               << KeyPrefix(key) << " error=" << LogQuote(stored.status().message());
+  LOG(WARNING) << "remote tier: storing a fetched entry locally failed: key=" << KeyPrefix(key)
+               << " error=" << LogQuote(stored.status().message());
   return remote;
 }
 
@@ -98,15 +98,14 @@ void AddRemoteMetrics(MetricsRegistry& metrics, const SharedTier* tier) {
         add("reconnects", s.reconnects());
         return out;
       });
-  metrics.AddCounterFunc(
-      "kcache_remote_bytes_total", "Bytes read from and written to the remote tier since start",
-      [tier] {
-        v1::RemoteTierStats s;
-        tier->FillStats(&s);
-        return std::vector<std::pair<std::string, double>>{
-            {"direction=\"read\"", static_cast<double>(s.bytes_read())},
-            {"direction=\"written\"", static_cast<double>(s.bytes_written())}};
-      });
+  metrics.AddCounterFunc("kcache_remote_bytes_total",
+                         "Bytes read from and written to the remote tier since start", [tier] {
+                           v1::RemoteTierStats s;
+                           tier->FillStats(&s);
+                           return std::vector<std::pair<std::string, double>>{
+                               {"direction=\"read\"", static_cast<double>(s.bytes_read())},
+                               {"direction=\"written\"", static_cast<double>(s.bytes_written())}};
+                         });
 }
 
 }  // namespace kcache

@@ -21,11 +21,20 @@ absl::StatusOr<uint64_t> ParseSize(absl::string_view text) {
   int shift = 0;
   if (!s.empty()) {
     switch (s.back()) {
-      case 'K': shift = 10; break;
-      case 'M': shift = 20; break;
-      case 'G': shift = 30; break;
-      case 'T': shift = 40; break;
-      default: break;
+      case 'K':
+        shift = 10;
+        break;
+      case 'M':
+        shift = 20;
+        break;
+      case 'G':
+        shift = 30;
+        break;
+      case 'T':
+        shift = 40;
+        break;
+      default:
+        break;
     }
     if (shift != 0) s.pop_back();
   }
@@ -37,7 +46,8 @@ absl::StatusOr<uint64_t> ParseSize(absl::string_view text) {
   return n << shift;
 }
 
-absl::StatusOr<absl::Duration> ParseDurationText(absl::string_view text, absl::Duration plain_unit) {
+absl::StatusOr<absl::Duration> ParseDurationText(absl::string_view text,
+                                                 absl::Duration plain_unit) {
   const std::string s(absl::StripAsciiWhitespace(std::string(text)));
   auto bad = [&] {
     return absl::InvalidArgumentError(absl::StrCat(

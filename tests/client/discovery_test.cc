@@ -148,7 +148,8 @@ TEST(Discovery, RefusingSocketIsRetriedForTheConnectBudgetOnly) {
   EXPECT_GE(took, absl::Milliseconds(250));
   EXPECT_LT(took, absl::Seconds(2));
   EXPECT_TRUE(absl::IsUnavailable(r.status())) << r.status();
-  EXPECT_THAT(std::string(r.status().message()), HasSubstr("no kcache daemon answers at unix:" + path));
+  EXPECT_THAT(std::string(r.status().message()),
+              HasSubstr("no kcache daemon answers at unix:" + path));
   ::close(fd);
 }
 

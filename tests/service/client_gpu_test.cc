@@ -33,8 +33,8 @@ struct Cuda {
   int (*cuMemcpyHtoD)(unsigned long long, const void*, size_t);
   int (*cuMemcpyDtoH)(void*, unsigned long long, size_t);
   int (*cuMemsetD8)(unsigned long long, unsigned char, size_t);
-  int (*cuLaunchKernel)(void*, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
-                        unsigned, void*, void**, void**);
+  int (*cuLaunchKernel)(void*, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                        void*, void**, void**);
   int (*cuCtxSynchronize)();
 };
 
@@ -45,11 +45,11 @@ const Cuda* LoadCuda(std::string* why) {
     *why = "no CUDA driver (libcuda.so.1)";
     return nullptr;
   }
-#define KC_SYM(name, sym)                                              \
-  cuda.name = reinterpret_cast<decltype(cuda.name)>(dlsym(h, sym));    \
-  if (cuda.name == nullptr) {                                          \
-    *why = "libcuda lacks " sym;                                        \
-    return nullptr;                                                    \
+#define KC_SYM(name, sym)                                           \
+  cuda.name = reinterpret_cast<decltype(cuda.name)>(dlsym(h, sym)); \
+  if (cuda.name == nullptr) {                                       \
+    *why = "libcuda lacks " sym;                                    \
+    return nullptr;                                                 \
   }
   KC_SYM(cuInit, "cuInit");
   KC_SYM(cuDeviceGetCount, "cuDeviceGetCount");

@@ -133,14 +133,18 @@ TEST(DaemonConfig, OlderJsonFilesReadTheSame) {
 
 TEST(DaemonConfig, FileErrorsNameTheFileLineAndKey) {
   TempDir dir;
-  auto unknown = ParseDaemonCommandLine({"--config", Write(dir, "a.yaml", "store_path: /s\nfrobnicate: 1\n")});
-  EXPECT_THAT(Message(unknown.status()), MatchesRegex(".*a\\.yaml:2: unknown field 'frobnicate'.*"));
-  auto bad = ParseDaemonCommandLine({"--config", Write(dir, "b.yaml", "\n\nmax_store_bytes: many\n")});
+  auto unknown =
+      ParseDaemonCommandLine({"--config", Write(dir, "a.yaml", "store_path: /s\nfrobnicate: 1\n")});
+  EXPECT_THAT(Message(unknown.status()),
+              MatchesRegex(".*a\\.yaml:2: unknown field 'frobnicate'.*"));
+  auto bad =
+      ParseDaemonCommandLine({"--config", Write(dir, "b.yaml", "\n\nmax_store_bytes: many\n")});
   EXPECT_THAT(Message(bad.status()),
               MatchesRegex(".*b\\.yaml:3: max_store_bytes: 'many' is not a valid size.*"));
   auto nested = ParseDaemonCommandLine({"--config", Write(dir, "c.yaml", "store_path: [a, b]\n")});
   EXPECT_THAT(Message(nested.status()), HasSubstr("store_path: expected a single value"));
-  auto broken = ParseDaemonCommandLine({"--config", Write(dir, "d.yaml", "store_path: /s\n  - bad: [\n")});
+  auto broken =
+      ParseDaemonCommandLine({"--config", Write(dir, "d.yaml", "store_path: /s\n  - bad: [\n")});
   EXPECT_THAT(Message(broken.status()), HasSubstr("d.yaml:"));
   auto missing = ParseDaemonCommandLine({"--config", dir.Sub("nope.yaml")});
   EXPECT_THAT(Message(missing.status()), HasSubstr("cannot read"));

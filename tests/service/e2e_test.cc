@@ -22,8 +22,8 @@ namespace {
 using ::kcache::testing::DaemonProcess;
 using ::kcache::testing::DistinctSpec;
 using ::kcache::testing::NewClient;
-using ::kcache::testing::Sm80;
 using ::kcache::testing::ReadFileOrEmpty;
+using ::kcache::testing::Sm80;
 using ::kcache::testing::StatusIs;
 using ::kcache::testing::TempDir;
 using ::testing::HasSubstr;
@@ -33,7 +33,7 @@ std::string ReadLog(const DaemonProcess& d) { return ReadFileOrEmpty(d.log_path(
 // 32 threads (each with its own client, so nothing is shared on the client
 // side) ask for 8 distinct specs at once, from cold.
 std::vector<std::shared_ptr<const v1::GetKernelResponse>> ColdStorm(const DaemonProcess& d,
-                                                                   float scale = 0) {
+                                                                    float scale = 0) {
   constexpr int kThreads = 32;
   std::vector<std::shared_ptr<const v1::GetKernelResponse>> out(kThreads);
   std::vector<absl::Status> errors(kThreads);
@@ -132,7 +132,8 @@ TEST(DaemonE2E, SigkillDuringCompilesThenRestartWaitingClientsSucceed) {
   for (auto& th : threads) th.join();
   for (int t = 0; t < kThreads; ++t) EXPECT_TRUE(results[t].ok()) << t << ": " << results[t];
 
-  auto stub = v1::AdminService::NewStub(grpc::CreateChannel(d.target(), grpc::InsecureChannelCredentials()));
+  auto stub = v1::AdminService::NewStub(
+      grpc::CreateChannel(d.target(), grpc::InsecureChannelCredentials()));
   grpc::ClientContext ctx;
   v1::VerifyResponse vr;
   ASSERT_TRUE(stub->Verify(&ctx, v1::VerifyRequest(), &vr).ok());
@@ -157,24 +158,30 @@ TEST(DaemonE2E, EachInvalidFieldIsNamed) {
       {"no heads", [](auto& r) { r.mutable_spec()->set_num_q_heads(0); }, "spec.num_q_heads"},
       {"gqa", [](auto& r) { r.mutable_spec()->set_num_kv_heads(3); }, "spec.num_kv_heads"},
       {"scale", [](auto& r) { r.mutable_spec()->set_softmax_scale(-1); }, "spec.softmax_scale"},
-      {"softcap", [](auto& r) { r.mutable_spec()->mutable_score_mod()->mutable_softcap()->set_cap(-2); },
+      {"softcap",
+       [](auto& r) { r.mutable_spec()->mutable_score_mod()->mutable_softcap()->set_cap(-2); },
        "spec.score_mod.softcap.cap"},
-      {"window", [](auto& r) { r.mutable_spec()->mutable_mask()->mutable_sliding_window()->set_left(-7); },
+      {"window",
+       [](auto& r) { r.mutable_spec()->mutable_mask()->mutable_sliding_window()->set_left(-7); },
        "spec.mask.sliding_window.left"},
       {"expr type",
        [](auto& r) {
          r.mutable_spec()->mutable_mask()->mutable_expr()->mutable_predicate()->set_int_const(1);
        },
        "spec.mask.expr.predicate"},
-      {"buffer", [](auto& r) {
-         auto* read = r.mutable_spec()->mutable_mask()->mutable_expr()->mutable_predicate()->mutable_read();
+      {"buffer",
+       [](auto& r) {
+         auto* read =
+             r.mutable_spec()->mutable_mask()->mutable_expr()->mutable_predicate()->mutable_read();
          read->set_buffer("nope");
-       }, "spec.mask.expr.predicate.read"},
+       },
+       "spec.mask.expr.predicate.read"},
       {"no target", [](auto& r) { r.clear_target(); }, "target"},
       {"bad arch", [](auto& r) { r.mutable_target()->set_arch("sm_70"); }, "target.arch"},
       {"no device", [](auto& r) { r.mutable_target()->set_device(3); }, "target.device"},
   };
-  auto stub = v1::KernelService::NewStub(grpc::CreateChannel(d.target(), grpc::InsecureChannelCredentials()));
+  auto stub = v1::KernelService::NewStub(
+      grpc::CreateChannel(d.target(), grpc::InsecureChannelCredentials()));
   for (const auto& c : cases) {
     v1::GetKernelRequest req;
     *req.mutable_spec() = DistinctSpec(0);
@@ -183,7 +190,8 @@ TEST(DaemonE2E, EachInvalidFieldIsNamed) {
     grpc::ClientContext ctx;
     v1::GetKernelResponse resp;
     grpc::Status st = stub->GetKernel(&ctx, req, &resp);
-    EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << c.name << ": " << st.error_message();
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
+        << c.name << ": " << st.error_message();
     EXPECT_THAT(st.error_message(), HasSubstr(c.expected)) << c.name;
   }
   EXPECT_EQ(d.Stats().compiles(), 0u);
@@ -203,7 +211,8 @@ TEST(DaemonE2E, OversizedMessageIsRefused) {
     b->set_rank(1);
   }
   ASSERT_GT(req.ByteSizeLong(), 65536u);
-  auto stub = v1::KernelService::NewStub(grpc::CreateChannel(d.target(), grpc::InsecureChannelCredentials()));
+  auto stub = v1::KernelService::NewStub(
+      grpc::CreateChannel(d.target(), grpc::InsecureChannelCredentials()));
   grpc::ClientContext ctx;
   v1::GetKernelResponse resp;
   grpc::Status st = stub->GetKernel(&ctx, req, &resp);
@@ -216,7 +225,8 @@ TEST(DaemonE2E, StreamReportsProgressThenTheResult) {
   TempDir dir;
   DaemonProcess d(dir.path());
   ASSERT_NO_FATAL_FAILURE(d.Start());
-  auto stub = v1::KernelService::NewStub(grpc::CreateChannel(d.target(), grpc::InsecureChannelCredentials()));
+  auto stub = v1::KernelService::NewStub(
+      grpc::CreateChannel(d.target(), grpc::InsecureChannelCredentials()));
   v1::GetKernelRequest req;
   *req.mutable_spec() = DistinctSpec(3);
   *req.mutable_target() = Sm80();
@@ -231,7 +241,8 @@ TEST(DaemonE2E, StreamReportsProgressThenTheResult) {
   EXPECT_TRUE(events.front().has_progress());
   bool saw_compiling = false;
   for (const auto& e : events) {
-    if (e.has_progress() && e.progress().phase() == v1::Progress::PHASE_COMPILING) saw_compiling = true;
+    if (e.has_progress() && e.progress().phase() == v1::Progress::PHASE_COMPILING)
+      saw_compiling = true;
   }
   EXPECT_TRUE(saw_compiling);
   ASSERT_TRUE(events.back().has_result());
@@ -256,9 +267,9 @@ TEST(DaemonE2E, SecondDaemonOnTheSameStoreIsRefused) {
   ASSERT_NO_FATAL_FAILURE(d.Start());
   DaemonProcess second(dir.path());
   // Same socket and store: the socket check answers first.
-  std::string cmd = absl::StrCat(KCACHE_TEST_KCACHED_PATH, " --compile_only --store_path=",
-                                 dir.Sub("store"), " --socket_path=", dir.Sub("other.sock"),
-                                 " 2>", dir.Sub("second.log"));
+  std::string cmd =
+      absl::StrCat(KCACHE_TEST_KCACHED_PATH, " --compile_only --store_path=", dir.Sub("store"),
+                   " --socket_path=", dir.Sub("other.sock"), " 2>", dir.Sub("second.log"));
   int rc = std::system(cmd.c_str());
   EXPECT_NE(rc, 0);
   EXPECT_THAT(ReadFileOrEmpty(dir.Sub("second.log")), HasSubstr("store_path"));
@@ -281,7 +292,8 @@ TEST(DaemonE2E, AdminIsNotServedOverPlainTcp) {
   ASSERT_NE(at, std::string::npos) << log;
   int port = std::atoi(log.c_str() + at + 9);
   ASSERT_GT(port, 0);
-  auto tcp = grpc::CreateChannel(absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials());
+  auto tcp =
+      grpc::CreateChannel(absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials());
   {
     auto admin = v1::AdminService::NewStub(tcp);
     grpc::ClientContext ctx;

@@ -35,8 +35,8 @@ TEST(Metrics, RendersCountersHistogramsAndGauges) {
 // reads `le="0.10000000000000001"` as another bucket than `le="0.1"`).
 TEST(Metrics, NumbersPrintCleanly) {
   MetricsRegistry m;
-  Histogram* h = m.GetHistogram("kcache_x_seconds", "X", {0.0005, 0.1, 0.25, 2.5, 600},
-                                "outcome=\"hit\"");
+  Histogram* h =
+      m.GetHistogram("kcache_x_seconds", "X", {0.0005, 0.1, 0.25, 2.5, 600}, "outcome=\"hit\"");
   h->Observe(0.3);
   m.AddGauge("kcache_g", "G", [] {
     return std::vector<std::pair<std::string, double>>{{"", 0.1}, {"k=\"b\"", 1e-7}};

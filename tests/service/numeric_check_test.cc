@@ -8,6 +8,8 @@
 // counts it, and the next request compiles again (and, switch off, is
 // published with its check recorded). A compile-only daemon marks records
 // unchecked.
+#include "compiler/numeric_check.h"
+
 #include <memory>
 #include <string>
 
@@ -15,7 +17,6 @@
 #include "absl/strings/match.h"
 #include "absl/synchronization/mutex.h"
 #include "compiler/attention/codegen.h"
-#include "compiler/numeric_check.h"
 #include "compiler/scheduler/scheduler.h"
 #include "compiler/toolchain.h"
 #include "gmock/gmock.h"
@@ -39,7 +40,8 @@ class EchoCompiler final : public Compiler {
   absl::StatusOr<CompileOutput> Compile(const CompileInput& in, absl::Time) override {
     absl::MutexLock lock(&mu_);
     if (!absl::StrContains(in.source, "attention_ref.cuh")) {
-      mu_.Await(absl::Condition(+[](bool* held) { return !*held; }, &held_));
+      mu_.Await(absl::Condition(
+          +[](bool* held) { return !*held; }, &held_));
       ++kernel_compiles_;
     }
     CompileOutput out;
@@ -199,10 +201,7 @@ TEST(NumericCheckTest, WrongKernelIsRefusedWaitersGetTheErrorNextRequestCompiles
     }
     EXPECT_EQ(f.compiler().kernel_compiles(), 1);  // the two waiters shared one compile
   }
-  EXPECT_EQ(f.metrics()
-                .GetCounter("kcache_numeric_check_failures_total", "")
-                ->Value(),
-            1u);
+  EXPECT_EQ(f.metrics().GetCounter("kcache_numeric_check_failures_total", "")->Value(), 1u);
   // Not published: the next request compiles again, now right, and is served.
   auto c = f.backend().Begin(Request(true), deadline);
   ASSERT_TRUE(c.ok()) << c.status();

@@ -24,11 +24,11 @@
 #include "absl/time/clock.h"
 #include "cache/key.h"
 #include "cache/store.h"
-#include "rocksdb/db.h"
 #include "client/client.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kcache/v1/service.grpc.pb.h"
+#include "rocksdb/db.h"
 #include "tests/cache/test_util.h"
 #include "tests/common/daemon_client.h"
 #include "tests/common/daemon_process.h"
@@ -93,9 +93,11 @@ TEST(OpsE2E, ColdCompileAndFailureEachLogOneLineWithKeyArchDurationAndOutcome) {
   const std::string key = KeyToHex((*ok)->record().key()).substr(0, 28);
   const std::string compiled = AwaitLogLine(d, "outcome=compiled");
   EXPECT_THAT(compiled, ContainsRegex(absl::StrCat(kPrefix, "INFO kernel_backend.cc:[0-9]+\\] ")));
-  EXPECT_THAT(compiled, HasSubstr(absl::StrCat("compile key=", key, " arch=sm_80 queue=sm_80 "
+  EXPECT_THAT(compiled, HasSubstr(absl::StrCat("compile key=", key,
+                                               " arch=sm_80 queue=sm_80 "
                                                "kind=attention outcome=compiled duration=")));
-  EXPECT_THAT(compiled, ContainsRegex("duration=[0-9]+\\.[0-9]{3}s cubin_bytes=[0-9]+ verified=no"));
+  EXPECT_THAT(compiled,
+              ContainsRegex("duration=[0-9]+\\.[0-9]{3}s cubin_bytes=[0-9]+ verified=no"));
 
   // A hit adds no line at the default level.
   ASSERT_TRUE(client->Fetch(DistinctSpec(0), Sm80(), absl::Minutes(1)).ok());
@@ -137,8 +139,8 @@ TEST(OpsE2E, ColdCompileAndFailureEachLogOneLineWithKeyArchDurationAndOutcome) {
 // A worker that sleeps, then becomes the real kcache-compile-worker: a
 // compile that lasts long enough for a second request to join it.
 std::string SlowWorker(const TempDir& dir, int seconds) {
-  std::filesystem::path real = std::filesystem::path(Binary()).parent_path() /
-                               "kcache-compile-worker";
+  std::filesystem::path real =
+      std::filesystem::path(Binary()).parent_path() / "kcache-compile-worker";
   std::string path = dir.Sub("slow-worker.sh");
   std::ofstream(path) << "#!/bin/sh\nsleep " << seconds << "\nexec '" << real.string()
                       << "' \"$@\"\n";
@@ -172,8 +174,8 @@ std::string Http(const DaemonProcess& d, const std::string& method, const std::s
 
 TEST(OpsE2E, MetricsFollowPrometheusConventions) {
   TempDir dir;
-  DaemonProcess d(dir.path(), {"--metrics_address", "127.0.0.1:0", "--worker_path",
-                               SlowWorker(dir, 2)});
+  DaemonProcess d(dir.path(),
+                  {"--metrics_address", "127.0.0.1:0", "--worker_path", SlowWorker(dir, 2)});
   ASSERT_NO_FATAL_FAILURE(d.Start());
   // Two calls at once for one cold kernel: one compiles, one joins it.
   std::barrier start(2);
@@ -297,8 +299,8 @@ TEST(OpsE2E, QuarantineIsLoggedWithTheKey) {
   EXPECT_FALSE((*again)->cache_hit());  // compiled again, not served damaged
   const std::string line = AwaitLogLine(d, "quarantine key=");
   EXPECT_THAT(line, ContainsRegex(absl::StrCat(kPrefix, "WARNING daemon.cc:[0-9]+\\] ")));
-  EXPECT_THAT(line, HasSubstr(absl::StrCat("quarantine key=", KeyToHex(key).substr(0, 28),
-                                           " reason=\"")));
+  EXPECT_THAT(
+      line, HasSubstr(absl::StrCat("quarantine key=", KeyToHex(key).substr(0, 28), " reason=\"")));
 }
 
 TEST(OpsE2E, LogLevelWarningKeepsInfoLinesOut) {

@@ -84,7 +84,9 @@ TEST(RawClient, FetchRawReturnsCubinsWithOneEntryPerNameMemoized) {
     EXPECT_FALSE((*r)->cache_hit());
     EXPECT_EQ(rec.arch(), "sm_80");
     EXPECT_EQ(rec.raw().format(), c.format);
-    EXPECT_EQ((*r)->cubin().substr(0, 4), "\x7f" "ELF");
+    EXPECT_EQ((*r)->cubin().substr(0, 4),
+              "\x7f"
+              "ELF");
     EXPECT_EQ(rec.cubin_size(), (*r)->cubin().size());
     ASSERT_EQ(rec.entry_points_size(), static_cast<int>(c.names.size()));
     for (size_t i = 0; i < c.names.size(); ++i) {
@@ -134,8 +136,8 @@ TEST(RawClient, RawKernelsDisabledIsFailedPreconditionNamingTheFlag) {
   DaemonProcess d(dir.path());  // raw kernels off (the default)
   ASSERT_NO_FATAL_FAILURE(d.Start());
   auto client = NewClient(d);
-  auto r = client->FetchRaw(Raw(v1::RawKernel::FORMAT_PTX, "vadd.ptx", {"kc_vadd_ptx"}),
-                            Arch("sm_80"));
+  auto r =
+      client->FetchRaw(Raw(v1::RawKernel::FORMAT_PTX, "vadd.ptx", {"kc_vadd_ptx"}), Arch("sm_80"));
   EXPECT_THAT(r, StatusIs(absl::StatusCode::kFailedPrecondition));
   EXPECT_THAT(std::string(r.status().message()), HasSubstr("disabled"));
   EXPECT_THAT(std::string(r.status().message()), HasSubstr("--enable_raw_kernels"));

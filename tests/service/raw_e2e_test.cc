@@ -64,7 +64,8 @@ std::string KeyToHexForTest(const std::string& key) {
   return out;
 }
 
-Call Get(const DaemonProcess& d, const v1::GetKernelRequest& req, const std::string& token = kToken) {
+Call Get(const DaemonProcess& d, const v1::GetKernelRequest& req,
+         const std::string& token = kToken) {
   auto stub = v1::KernelService::NewStub(
       grpc::CreateChannel(d.target(), grpc::InsecureChannelCredentials()));
   grpc::ClientContext ctx;
@@ -148,9 +149,9 @@ TEST(RawE2E, KcacheShowListsTheCubinsKernels) {
     SCOPED_TRACE(direct ? "store" : "daemon");
     if (direct) EXPECT_EQ(d->Stop(SIGTERM), 0);
     std::ostringstream out, err;
-    const std::vector<std::string> conn =
-        direct ? std::vector<std::string>{"--store", d->store()}
-               : std::vector<std::string>{"--socket", d->socket()};
+    const std::vector<std::string> conn = direct
+                                              ? std::vector<std::string>{"--store", d->store()}
+                                              : std::vector<std::string>{"--socket", d->socket()};
     std::vector<std::string> args = conn;
     args.push_back("show");
     args.push_back(key.substr(0, 20));
@@ -159,8 +160,8 @@ TEST(RawE2E, KcacheShowListsTheCubinsKernels) {
     EXPECT_THAT(text, HasSubstr("raw kernel (FORMAT_LLVM_IR: kc_block_sum, kc_scale)"));
     EXPECT_THAT(text, HasSubstr("cubin kernels (from the ELF, sm_80)"));
     // One table row per kernel: name, kind, registers, shared memory.
-    EXPECT_THAT(text, ::testing::ContainsRegex(
-                          absl::StrCat("kc_block_sum +kernel +", regs, " +1024 ")));
+    EXPECT_THAT(text,
+                ::testing::ContainsRegex(absl::StrCat("kc_block_sum +kernel +", regs, " +1024 ")));
     EXPECT_THAT(text, ::testing::ContainsRegex("kc_scale +kernel +[0-9]+ +0 "));
 
     // `kcache status` names both toolchains, and the raw one's entry is
@@ -226,8 +227,8 @@ TEST(RawE2E, MalformedInputIsInvalidArgument) {
   TempDir dir;
   auto d = RawDaemon(dir, {"--max_raw_source_bytes=65536", "--max_message_bytes=1048576"});
   ASSERT_NO_FATAL_FAILURE(d->Start());
-  Call bad = Get(*d, RawRequest(v1::RawKernel::FORMAT_LLVM_IR, "malformed_verifier.ll", {"kc_bad"},
-                                "sm_90a"));
+  Call bad = Get(
+      *d, RawRequest(v1::RawKernel::FORMAT_LLVM_IR, "malformed_verifier.ll", {"kc_bad"}, "sm_90a"));
   EXPECT_EQ(bad.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_THAT(bad.status.error_message(), HasSubstr("verifier"));
   EXPECT_THAT(bad.status.error_message(), HasSubstr("does not dominate all uses"));
@@ -242,7 +243,8 @@ TEST(RawE2E, MalformedInputIsInvalidArgument) {
     EXPECT_THAT(newer.status.error_message(), HasSubstr("newer than the LLVM 22.")) << file;
   }
 
-  Call missing = Get(*d, RawRequest(v1::RawKernel::FORMAT_LLVM_IR, "vadd.ll", {"kc_nope"}, "sm_80"));
+  Call missing =
+      Get(*d, RawRequest(v1::RawKernel::FORMAT_LLVM_IR, "vadd.ll", {"kc_nope"}, "sm_80"));
   EXPECT_EQ(missing.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_THAT(missing.status.error_message(), HasSubstr("raw.kernel_names[0]"));
 

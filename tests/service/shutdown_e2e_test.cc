@@ -78,7 +78,8 @@ TEST(DaemonE2E, ShutdownWithACompilePastTheGraceTellsWaitersToRetry) {
   int status = d.Stop(SIGTERM);
   EXPECT_TRUE(WIFEXITED(status)) << "wait status " << status << "; "
                                  << ReadFileOrEmpty(d.log_path());
-  EXPECT_THAT(ReadFileOrEmpty(d.log_path()), HasSubstr("waiting for them before closing the store"));
+  EXPECT_THAT(ReadFileOrEmpty(d.log_path()),
+              HasSubstr("waiting for them before closing the store"));
 
   DaemonProcess again(dir.path());
   again.Start();

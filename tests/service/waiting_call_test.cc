@@ -116,8 +116,8 @@ class Fixture {
     deps.config.set_default_deadline_ms(absl::ToInt64Milliseconds(default_deadline));
     deps.metrics = &metrics_;
     backend_ = std::make_unique<KernelBackend>(std::move(deps));
-    service_ = std::make_unique<KernelServiceImpl>(backend_.get(), &state_, 1 << 20,
-                                                   default_deadline);
+    service_ =
+        std::make_unique<KernelServiceImpl>(backend_.get(), &state_, 1 << 20, default_deadline);
     grpc::ServerBuilder b;
     target_ = "unix:" + dir_.Sub("sock");
     b.AddListeningPort(target_, grpc::InsecureServerCredentials());
@@ -333,7 +333,7 @@ class StreamCall final : public grpc::ClientReadReactor<v1::GetKernelEvent> {
     StartCall();
   }
   void OnReadDone(bool ok) override {  // reads run one at a time
-    if (!ok) return;  // the stream ended; OnDone follows
+    if (!ok) return;                   // the stream ended; OnDone follows
     events.push_back(ev_);
     if (!first.HasBeenNotified()) first.Notify();
     StartRead(&ev_);
@@ -432,8 +432,8 @@ TEST(WaitingStreamTest, QueuedStreamReportsItsPositionThenCompilingThenTheResult
   queued.done.WaitForNotification();
   ASSERT_TRUE(queued.status.ok()) << queued.status.error_message();
   ASSERT_FALSE(queued.events.empty());
-  EXPECT_THAT(queued.Phases(), ::testing::ElementsAre(v1::Progress::PHASE_QUEUED,
-                                                      v1::Progress::PHASE_COMPILING));
+  EXPECT_THAT(queued.Phases(),
+              ::testing::ElementsAre(v1::Progress::PHASE_QUEUED, v1::Progress::PHASE_COMPILING));
   EXPECT_EQ(queued.events.front().progress().queue_position(), 0u);
   EXPECT_EQ(queued.events.front().progress().queue(), "sm_80");
   ASSERT_TRUE(queued.events.back().has_result());
