@@ -39,6 +39,18 @@ WorkerPoolOptions Options() {
   return o;
 }
 
+// Everything the child `pid` writes to `fd` until it closes it (then closed
+// here), and the child's wait status in *status.
+std::string ReadAllThenReap(int fd, pid_t pid, int* status) {
+  std::string text;
+  char buf[512];
+  ssize_t n;
+  while ((n = read(fd, buf, sizeof(buf))) > 0) text.append(buf, static_cast<size_t>(n));
+  close(fd);
+  waitpid(pid, status, 0);
+  return text;
+}
+
 // Skips the test when this platform keeps the worker's network.
 #define SKIP_IF_KEPT(report)                                                    \
   if (absl::StartsWith(report, "network kept")) {                               \
@@ -93,13 +105,8 @@ TEST(WorkerSandboxTest, UnprivilegedWorkerDropsTheNetworkToo) {
     _exit(127);
   }
   close(out[1]);
-  std::string text;
-  char buf[512];
-  ssize_t n;
-  while ((n = read(out[0], buf, sizeof(buf))) > 0) text.append(buf, static_cast<size_t>(n));
-  close(out[0]);
   int status = 0;
-  waitpid(pid, &status, 0);
+  const std::string text = ReadAllThenReap(out[0], pid, &status);
   ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
       << "wait status " << status << ": " << text;
   SKIP_IF_KEPT(text);
@@ -153,13 +160,8 @@ TEST(WorkerSandboxTest, RefusedDropIsReportedAndTheWorkerStillCompiles) {
     say(text, code);
   }
   close(out[1]);
-  std::string text;
-  char buf[512];
-  ssize_t n;
-  while ((n = read(out[0], buf, sizeof(buf))) > 0) text.append(buf, static_cast<size_t>(n));
-  close(out[0]);
   int status = 0;
-  waitpid(pid, &status, 0);
+  const std::string text = ReadAllThenReap(out[0], pid, &status);
   ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
       << "wait status " << status << ": " << text;
   if (absl::StartsWith(text, "SKIP ")) GTEST_SKIP() << "cannot make the refusal here: " << text;
