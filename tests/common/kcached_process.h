@@ -11,12 +11,14 @@
 #include <grpcpp/grpcpp.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -48,6 +50,30 @@ inline std::string ReadFileOrEmpty(const std::string& path) {
   std::stringstream ss;
   ss << in.rdbuf();
   return ss.str();
+}
+
+// The kcached under test: $KCACHE_TEST_KCACHED (e.g. the static build on the
+// GPU machine), else KCACHE_TEST_KCACHED_PATH from the build; empty if neither.
+inline std::string TestKcachedPath() {
+  if (const char* env = std::getenv("KCACHE_TEST_KCACHED"); env != nullptr) return env;
+#ifdef KCACHE_TEST_KCACHED_PATH
+  return KCACHE_TEST_KCACHED_PATH;
+#else
+  return std::string();
+#endif
+}
+
+// A compile worker that sleeps `seconds`, then execs the real
+// kcache-compile-worker beside the kcached under test (same pid and fds, so
+// the daemon's pool cannot tell): the script `dir`/slow-worker.sh, for
+// --worker_path. Makes a compile slow enough to watch or to join.
+inline std::string SlowWorkerScript(const std::string& dir, int seconds) {
+  const std::string real =
+      (std::filesystem::path(TestKcachedPath()).parent_path() / "kcache-compile-worker").string();
+  const std::string path = dir + "/slow-worker.sh";
+  std::ofstream(path) << "#!/bin/sh\nsleep " << seconds << "\nexec '" << real << "' \"$@\"\n";
+  chmod(path.c_str(), 0755);
+  return path;
 }
 
 class KcachedProcess {
@@ -125,15 +151,7 @@ class KcachedProcess {
   void Kill() { Stop(SIGKILL); }
 
  private:
-  std::string Binary() const {
-    if (!o_.binary.empty()) return o_.binary;
-    if (const char* env = std::getenv("KCACHE_TEST_KCACHED"); env != nullptr) return env;
-#ifdef KCACHE_TEST_KCACHED_PATH
-    return KCACHE_TEST_KCACHED_PATH;
-#else
-    return std::string();
-#endif
-  }
+  std::string Binary() const { return o_.binary.empty() ? TestKcachedPath() : o_.binary; }
 
   std::string LogTail() const {
     return absl::StrCat("see ", o_.log_path, ":\n", ReadFileOrEmpty(o_.log_path));

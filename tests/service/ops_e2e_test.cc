@@ -41,6 +41,7 @@ using ::kcache::testing::DaemonProcess;
 using ::kcache::testing::DistinctSpec;
 using ::kcache::testing::NewClient;
 using ::kcache::testing::ReadFileOrEmpty;
+using ::kcache::testing::SlowWorkerScript;
 using ::kcache::testing::Sm80;
 using ::kcache::testing::StatusIs;
 using ::kcache::testing::TempDir;
@@ -48,10 +49,7 @@ using ::testing::ContainsRegex;
 using ::testing::HasSubstr;
 using ::testing::Not;
 
-std::string Binary() {
-  const char* env = std::getenv("KCACHE_TEST_KCACHED");  // as KcachedProcess
-  return env != nullptr ? env : KCACHE_TEST_KCACHED_PATH;
-}
+std::string Binary() { return ::kcache::testing::TestKcachedPath(); }
 
 // Runs kcached with `args` to its exit (60 s at most) and returns its exit
 // status (or -1), its stdout and stderr in `*out`.
@@ -136,18 +134,6 @@ TEST(OpsE2E, ColdCompileAndFailureEachLogOneLineWithKeyArchDurationAndOutcome) {
   EXPECT_THAT(ReadFileOrEmpty(d.log_path()), HasSubstr("] stopped"));
 }
 
-// A worker that sleeps, then becomes the real kcache-compile-worker: a
-// compile that lasts long enough for a second request to join it.
-std::string SlowWorker(const TempDir& dir, int seconds) {
-  std::filesystem::path real =
-      std::filesystem::path(Binary()).parent_path() / "kcache-compile-worker";
-  std::string path = dir.Sub("slow-worker.sh");
-  std::ofstream(path) << "#!/bin/sh\nsleep " << seconds << "\nexec '" << real.string()
-                      << "' \"$@\"\n";
-  chmod(path.c_str(), 0755);
-  return path;
-}
-
 // One HTTP/1.0 request to the daemon's metrics port (read from its log).
 std::string Http(const DaemonProcess& d, const std::string& method, const std::string& path) {
   const std::string line = AwaitLogLine(d, "metrics port ");
@@ -174,8 +160,8 @@ std::string Http(const DaemonProcess& d, const std::string& method, const std::s
 
 TEST(OpsE2E, MetricsFollowPrometheusConventions) {
   TempDir dir;
-  DaemonProcess d(dir.path(),
-                  {"--metrics_address", "127.0.0.1:0", "--worker_path", SlowWorker(dir, 2)});
+  DaemonProcess d(dir.path(), {"--metrics_address", "127.0.0.1:0", "--worker_path",
+                               SlowWorkerScript(dir.path(), 2)});
   ASSERT_NO_FATAL_FAILURE(d.Start());
   // Two calls at once for one cold kernel: one compiles, one joins it.
   std::barrier start(2);
@@ -225,7 +211,7 @@ TEST(OpsE2E, MetricsFollowPrometheusConventions) {
 // after progress_after, then once more when it is done; a hit is not.
 TEST(OpsE2E, ClientReportsProgressOfASlowCompile) {
   TempDir dir;
-  DaemonProcess d(dir.path(), {"--worker_path", SlowWorker(dir, 3)});
+  DaemonProcess d(dir.path(), {"--worker_path", SlowWorkerScript(dir.path(), 3)});
   ASSERT_NO_FATAL_FAILURE(d.Start());
   absl::Mutex mu;
   std::vector<CompileProgress> seen;

@@ -20,22 +20,10 @@ namespace {
 
 using ::kcache::testing::DaemonProcess;
 using ::kcache::testing::ReadFileOrEmpty;
+using ::kcache::testing::SlowWorkerScript;
 using ::kcache::testing::TempDir;
 using ::testing::HasSubstr;
 using ::testing::Not;
-
-// Longer than the servers' 5 s shutdown deadline in Daemon::Shutdown.
-// A worker that sleeps `seconds`, then execs the real worker (same pid and
-// fds, so the daemon's pool cannot tell).
-std::string SlowWorker(const TempDir& dir, int seconds) {
-  const char* env = std::getenv("KCACHE_TEST_KCACHED");
-  std::filesystem::path kcached = env != nullptr ? env : KCACHE_TEST_KCACHED_PATH;
-  std::string real = (kcached.parent_path() / "kcache-compile-worker").string();
-  std::string path = dir.Sub("slow-worker.sh");
-  std::ofstream(path) << "#!/bin/sh\nsleep " << seconds << "\nexec '" << real << "' \"$@\"\n";
-  chmod(path.c_str(), 0755);
-  return path;
-}
 
 // A client waiting for a compile that outlives the shutdown grace is told to
 // retry (UNAVAILABLE), not cancelled; it gets its kernel from the restarted
@@ -43,7 +31,10 @@ std::string SlowWorker(const TempDir& dir, int seconds) {
 // store, and exits without crashing.
 TEST(DaemonE2E, ShutdownWithACompilePastTheGraceTellsWaitersToRetry) {
   TempDir dir;
-  DaemonProcess d(dir.path(), {"--shutdown_grace_ms=1", "--worker_path=" + SlowWorker(dir, 8)});
+  // A compile of 8 s: longer than the servers' 5 s shutdown deadline in
+  // Daemon::Shutdown.
+  DaemonProcess d(dir.path(),
+                  {"--shutdown_grace_ms=1", "--worker_path=" + SlowWorkerScript(dir.path(), 8)});
   d.Start();
 
   v1::AttentionSpec spec;

@@ -3,7 +3,6 @@
 // import into a fresh store, all hits on a new daemon), per-spec warm
 // failures, and two toolchains on one store.
 #include <sys/mount.h>
-#include <sys/stat.h>
 #include <sys/wait.h>
 
 #include <cstring>
@@ -27,6 +26,7 @@ namespace {
 using ::kcache::testing::DaemonProcess;
 using ::kcache::testing::ReadFileOrEmpty;
 using ::kcache::testing::RunTool;
+using ::kcache::testing::SlowWorkerScript;
 using ::kcache::testing::TempDir;
 using ::kcache::testing::ToolRun;
 using nlohmann::json;
@@ -55,13 +55,7 @@ void WriteFile(const std::string& path, const std::string& text) { std::ofstream
 // line on stderr, before the kernel's own result line.
 TEST(KcacheE2E, WarmShowsALongCompileWhileItRuns) {
   TempDir dir;
-  const std::string worker = dir.Sub("slow-worker.sh");
-  const std::string real =
-      (std::filesystem::path(KCACHE_TEST_KCACHED_PATH).parent_path() / "kcache-compile-worker")
-          .string();
-  WriteFile(worker, absl::StrCat("#!/bin/sh\nsleep 4\nexec '", real, "' \"$@\"\n"));
-  ASSERT_EQ(chmod(worker.c_str(), 0755), 0);
-  DaemonProcess d(dir.path(), {"--worker_path", worker});
+  DaemonProcess d(dir.path(), {"--worker_path", SlowWorkerScript(dir.path(), 4)});
   ASSERT_NO_FATAL_FAILURE(d.Start());
   ToolRun warm = RunTool(dir.path(), {"--socket", d.socket(), "warm",
                                       KCACHE_SOURCE_DIR "/tests/tools/one-kernel.yaml"});
