@@ -111,7 +111,7 @@ constexpr bool kFold = KC_SCORE_MOD == KC_SCORE_NONE;
 
 constexpr bool kListMask =
     KC_MASK == KC_MASK_DOCUMENT || KC_MASK == KC_MASK_DRAFTER || KC_MASK == KC_MASK_EXPR;
-constexpr bool kRowData = KC_MASK == KC_MASK_DOCUMENT || KC_MASK == KC_MASK_DRAFTER;
+constexpr bool kRowData = KC_MASK_ROW_DATA;
 
 #if KC_MASK == KC_MASK_CAUSAL
 constexpr int kWinLeft = -1;
@@ -162,13 +162,15 @@ __device__ __forceinline__ void load_rows(unsigned sdst, const elem_t* g, long l
 }
 
 // Per-query mask data: document -> x = sequence id; drafter -> visible keys
-// [x, y) U [z, w) (as the forward's rowdata). Zeros past q_len.
+// [x, y) U [z, w); expression -> kc_expr_mask_row of (b, h, q) (as the
+// forward's rowdata). Zeros past q_len.
 struct RowRaw {
-  int a;  // document: sequence id; drafter: anchor
-  int k;  // drafter: keep
+  int a;   // document: sequence id; drafter: anchor
+  int k;   // drafter: keep
+  int4 e;  // expression mask: its row-only part
 };
-__device__ __forceinline__ RowRaw row_raw(const AttentionParams& p, int b, int q) {
-  RowRaw r{0, 0};
+__device__ __forceinline__ RowRaw row_raw(const AttentionParams& p, int b, int h, int q) {
+  RowRaw r{0, 0, make_int4(0, 0, 0, 0)};
   if (q >= p.q_len) return r;
 #if KC_MASK == KC_MASK_DOCUMENT
   r.a = p.q_seq_id[b * p.q_seq_id_stride_b + q];
@@ -179,10 +181,13 @@ __device__ __forceinline__ RowRaw row_raw(const AttentionParams& p, int b, int q
     r.k = p.drafter_keep == nullptr || p.drafter_keep[b * p.drafter_stride_b + j] != 0;
     r.a = p.drafter_anchor[b * p.drafter_stride_b + j];
   }
+#elif KC_MASK == KC_MASK_EXPR && KC_EXPR_MASK_ROW
+  r.e = kc_expr_mask_row(b, h, q, p);
 #else
   (void)p;
   (void)b;
 #endif
+  (void)h;
   return r;
 }
 __device__ __forceinline__ int4 row_data(const AttentionParams& p, int q, RowRaw r) {
@@ -200,6 +205,10 @@ __device__ __forceinline__ int4 row_data(const AttentionParams& p, int q, RowRaw
     rd.z = ctx_len + j * KC_DRAFTER_BLOCK;
     rd.w = KC_DRAFTER_CAUSAL ? ctx_len + q + 1 : ctx_len + (j + 1) * KC_DRAFTER_BLOCK;
   }
+#elif KC_MASK == KC_MASK_EXPR && KC_EXPR_MASK_ROW
+  rd = r.e;
+  (void)p;
+  (void)q;
 #else
   (void)p;
   (void)q;
@@ -220,6 +229,8 @@ __device__ __forceinline__ bool visible(const AttentionParams& p, int b, int h, 
   vis = vis && kv_id == rd.x && (!KC_DOC_CAUSAL || kv <= q);
 #elif KC_MASK == KC_MASK_DRAFTER
   vis = vis && ((kv >= rd.x && kv < rd.y) || (kv >= rd.z && kv < rd.w));
+#elif KC_MASK == KC_MASK_EXPR && KC_EXPR_MASK_ROW
+  vis = vis && kc_expr_mask_rd(rd, b, h, q, kv, p);
 #elif KC_MASK == KC_MASK_EXPR
   vis = vis && kc_expr_mask(b, h, q, kv, p);
 #endif
@@ -260,8 +271,8 @@ __device__ __forceinline__ int classify_pair(const AttentionParams& p, int b, in
   bool any = false, all = inb;
   for (int q = m0; q < m1;) {
     const int j = q / kBlk;
-    const int qe = imin(m1, (j + 1) * kBlk);  // rows [q, qe) are block j
-    const RowRaw r = row_raw(p, b, q);
+    const int qe = imin(m1, (j + 1) * kBlk);     // rows [q, qe) are block j
+    const RowRaw r = row_raw(p, b, /*h=*/0, q);  // the drafter's rows do not read h
     if (r.k) {
       const int4 f = row_data(p, q, r);  // the block's first row in the tile
       const int w_last = KC_DRAFTER_CAUSAL ? ctx_len + qe : f.w;  // its last row sees most
@@ -921,7 +932,7 @@ extern "C" __global__ void __launch_bounds__(KC_BWD_NUM_WARPS * 32, 256 / (KC_BW
       if (tid < kBM) {
         int hh, qt, cls;
         item_of(0, hh, qt, cls);
-        rowdata[tid] = row_data(p, qt * kBM + tid, row_raw(p, b, qt * kBM + tid));
+        rowdata[tid] = row_data(p, qt * kBM + tid, row_raw(p, b, hkv * group + hh, qt * kBM + tid));
       }
     }
   }
@@ -1179,7 +1190,7 @@ extern "C" __global__ void __launch_bounds__(KC_BWD_NUM_WARPS * 32, 256 / (KC_BW
     fence_proxy_async();  // cp.async writes -> wgmma reads
 #endif
     __syncthreads();  // item it landed; everyone is done with item it - 1
-    RowRaw next_raw{0, 0};
+    RowRaw next_raw{0, 0, make_int4(0, 0, 0, 0)};
     int next_q = 0;
     if (it + 1 < n_items) {
       prefetch(it + 1, st ^ 1);
@@ -1188,7 +1199,7 @@ extern "C" __global__ void __launch_bounds__(KC_BWD_NUM_WARPS * 32, 256 / (KC_BW
           int hh, qt, cls;
           item_of(it + 1, hh, qt, cls);
           next_q = qt * kBM + tid;
-          next_raw = row_raw(p, b, next_q);
+          next_raw = row_raw(p, b, hkv * group + hh, next_q);
         }
       }
     }
@@ -1566,7 +1577,7 @@ extern "C" __global__ void __launch_bounds__(KC_BWD_NUM_WARPS * 32, 256 / (KC_BW
       m0, q_len, tid);
   cp_async_commit();
   if constexpr (kRowData) {
-    if (tid < kDqRows) rowdata[tid] = row_data(p, m0 + tid, row_raw(p, b, m0 + tid));
+    if (tid < kDqRows) rowdata[tid] = row_data(p, m0 + tid, row_raw(p, b, h, m0 + tid));
   }
 
   // ---- the walk over key tiles ---------------------------------------------

@@ -60,6 +60,16 @@ static_assert(kcache::AttentionTilesLegal(kcache::AttentionTiles{KC_BLOCK_M, KC_
 #define KC_EXPR_MASK_TILE 0
 #endif
 #endif
+#ifndef KC_EXPR_MASK_ROW  // outside the block above: KC_MASK_ROW_DATA reads it for every mask
+#define KC_EXPR_MASK_ROW 0
+#endif
+// Masks whose partial tiles read per-row data (rowdata, an int4 per query
+// row in shared memory) in their per-element test: document ids, the
+// drafter's visible ranges, an expression mask's row-only part
+// (kc_expr_mask_row).
+#define KC_MASK_ROW_DATA                                        \
+  (KC_MASK == KC_MASK_DOCUMENT || KC_MASK == KC_MASK_DRAFTER || \
+   (KC_MASK == KC_MASK_EXPR && KC_EXPR_MASK_ROW))
 
 namespace kcache {
 namespace attn_fwd {
@@ -703,6 +713,10 @@ extern "C" __global__ void __launch_bounds__(KC_NUM_WARPS * 32)
     }
   }
 #elif KC_MASK == KC_MASK_EXPR
+#if KC_EXPR_MASK_ROW
+  // Read by the partial tiles' visibility after the pipeline's first barrier.
+  for (int r = tid; r < kBM; r += kThreads) rowdata[r] = kc_expr_mask_row(b, h, m0 + r, p);
+#endif
   if (use_list) {
     const kc_i8* row = p.tile_class == nullptr
                            ? nullptr
@@ -866,7 +880,7 @@ extern "C" __global__ void __launch_bounds__(KC_NUM_WARPS * 32)
 #pragma unroll
     for (int w = 0; w < kVW; ++w) vbits[w] = 0u;
       // Row data of this thread's rows (list masks that need it).
-#if KC_MASK == KC_MASK_DOCUMENT || KC_MASK == KC_MASK_DRAFTER
+#if KC_MASK_ROW_DATA
     int4 rd[kMT][2];
 #pragma unroll
     for (int mt = 0; mt < kMT; ++mt) {
@@ -897,6 +911,8 @@ extern "C" __global__ void __launch_bounds__(KC_NUM_WARPS * 32)
 #elif KC_MASK == KC_MASK_DRAFTER
             vis = vis && ((kv >= rd[mt][hh].x && kv < rd[mt][hh].y) ||
                           (kv >= rd[mt][hh].z && kv < rd[mt][hh].w));
+#elif KC_MASK == KC_MASK_EXPR && KC_EXPR_MASK_ROW
+            vis = vis && kc_expr_mask_rd(rd[mt][hh], b, h, q, kv, p);
 #elif KC_MASK == KC_MASK_EXPR
             vis = vis && kc_expr_mask(b, h, q, kv, p);
 #endif

@@ -462,6 +462,16 @@ def run_expr_case(name, args, rows):
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     kc = {}
     variants = [("expr_" + a, K.generated_spec(E.load_source(base, a)), None) for a in E.ARCHES]
+    for t in (args.tiles.split(",") if args.tiles else []):
+        # Forward tile sweeps: the generator's translation unit with other KC_BLOCK_M/N,
+        # KC_NUM_WARPS and KC_STAGES (what spec.tuning would make it write).
+        a, dims = t.split(":")
+        bm, bn, nw, st = (int(x) for x in dims.split("x"))
+        src = E.load_source(base, a)
+        for key, val in (("BLOCK_M", bm), ("BLOCK_N", bn), ("NUM_WARPS", nw), ("STAGES", st)):
+            src = re.sub(r"^#define KC_%s \d+$" % key, "#define KC_%s %d" % (key, val), src,
+                         flags=re.M)
+        variants.append(("expr_%s_%s" % (a, dims), K.generated_spec(src), None))
     if drafter is not None:
         for a, sm90a in (("sm_90", False), ("sm_90a", True)):
             variants.append(("builtin_" + a, bwd_spec(D, "drafter", K.select_tiles(90, D, D, sm90a),
@@ -501,6 +511,7 @@ def run_expr_case(name, args, rows):
             torch.cuda.synchronize()
             outs = [t.clone() for t in (o, dq, dk, dv)]  # checked against flex's below
             x = dict(fwd_ms=time_ms(fwd), fwdbwd_ms=time_ms(fwdbwd), outs=outs,
+                     kernel_fwd_ms=time_ms(lambda: kern.launch(p)),
                      tiles=spec["tiles"], bwd_tiles=spec["bwd_tiles"],
                      ptxas={e: K.ptxas_summary(log, e) for e in (
                          "kcache_attn_fwd", "kcache_attn_mask_build", "kcache_attn_bwd_dkdv")})
@@ -574,6 +585,7 @@ def print_expr_table(rows):
             if "mask_build_ms" in x:
                 extra = " build %.3f ms, class mismatches %d, classes 0/1/2 %s" % (
                     x["mask_build_ms"], x["class_mismatch"], x["class_hist"])
+            extra += " (forward kernel alone %.3f ms)" % x.get("kernel_fwd_ms", float("nan"))
             print("   %-14s %.3f / %.3f ms  vs flex %.2fx / %.2fx  err O %.1e dQ %.1e dK %.1e "
                   "dV %.1e %s%s" % (tag, x["fwd_ms"], x["fwdbwd_ms"], r["flex_fwd"] / x["fwd_ms"],
                                     r["flex_fwdbwd"] / x["fwdbwd_ms"], x.get("err_o", -1),
@@ -597,6 +609,9 @@ def main():
                     help="forward + backward (kcache's backward sequence, flex and SDPA "
                     "through autograd) instead of the forward")
     ap.add_argument("--jobs", type=int, default=None, help="parallel NVRTC processes")
+    ap.add_argument("--tiles", default=None,
+                    help="with --expr: extra forward tilings to time, ARCH:BMxBNxWARPSxSTAGES,... "
+                    "(e.g. sm_90a:64x64x4x2)")
     ap.add_argument("--expr", action="store_true",
                     help="the expression-mask cases (issue 28): drafter_expr, drafter_expr_random, "
                     "neighbourhood_expr, head_window_expr (or --only)")

@@ -12,6 +12,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "compiler/attention/expr.h"
 
 namespace kcache::attention {
@@ -24,7 +25,11 @@ struct Value {
   ExprType type;
   int temp = -1;       // tN: N, the index of the node in the tape; -1 otherwise
   bool score = false;  // the `score` parameter
+  unsigned deps = 0;   // kDep* bits: the index variables (and score) it depends on
 };
+
+// Dependencies of a lowered value (Value::deps).
+constexpr unsigned kDepB = 1, kDepH = 2, kDepQ = 4, kDepKv = 8, kDepScore = 16;
 
 // What reverse-mode differentiation needs to know of one emitted temporary.
 // Everything that is not a float operation with a derivative is kNone
@@ -50,6 +55,15 @@ struct TapeNode {
   DiffOp op = DiffOp::kNone;
   std::vector<Value> args;
   int slot = -1;  // kRead: the buffer slot
+};
+
+// One emitted temporary of the Lowerer: its `const T tN = ...;` line, its
+// dependencies (kDep* bits) and the temporaries its right-hand side reads.
+struct Node {
+  std::string line;
+  ExprType type;
+  unsigned deps;
+  std::vector<int> uses;
 };
 
 const char* CType(ExprType t) {
@@ -82,14 +96,14 @@ class Lowerer {
         switch (e.index()) {
           case v1::INDEX_VAR_B:
             reads_b_ = true;
-            return Value{"b", ExprType::kInt};
+            return Value{"b", ExprType::kInt, -1, false, kDepB};
           case v1::INDEX_VAR_H:
             reads_h_ = true;
-            return Value{"h", ExprType::kInt};
+            return Value{"h", ExprType::kInt, -1, false, kDepH};
           case v1::INDEX_VAR_Q_IDX:
-            return Value{"q_idx", ExprType::kInt};
+            return Value{"q_idx", ExprType::kInt, -1, false, kDepQ};
           case v1::INDEX_VAR_KV_IDX:
-            return Value{"kv_idx", ExprType::kInt};
+            return Value{"kv_idx", ExprType::kInt, -1, false, kDepKv};
           default:
             return Bad("unknown index variable");
         }
@@ -105,7 +119,7 @@ class Lowerer {
         return Value{e.bool_const() ? "true" : "false", ExprType::kBool};
       case v1::Expr::kScore:
         if (!score_allowed_) return Bad("score outside a score modification");
-        return Value{"score", ExprType::kFloat, -1, /*score=*/true};
+        return Value{"score", ExprType::kFloat, -1, /*score=*/true, kDepScore};
       case v1::Expr::kUnary:
         return LowerUnary(e.unary());
       case v1::Expr::kBinary:
@@ -118,8 +132,8 @@ class Lowerer {
         absl::StatusOr<Value> f = Lower(e.select().if_false());
         if (!f.ok()) return f.status();
         if (c->type != ExprType::kBool || t->type != f->type) return Bad("select types");
-        return Emit(t->type, absl::StrCat(c->text, " ? ", t->text, " : ", f->text),
-                    t->type == ExprType::kFloat ? DiffOp::kSelect : DiffOp::kNone, {*c, *t, *f});
+        return Emit(t->type, absl::StrCat(c->text, " ? ", t->text, " : ", f->text), {*c, *t, *f},
+                    t->type == ExprType::kFloat ? DiffOp::kSelect : DiffOp::kNone);
       }
       case v1::Expr::kRead:
         return LowerRead(e.read());
@@ -138,6 +152,8 @@ class Lowerer {
   bool reads_h() const { return reads_h_; }
   // One entry per temporary: tape()[N] describes tN.
   const std::vector<TapeNode>& tape() const { return tape_; }
+  // One entry per temporary: nodes()[N] is tN's line and dependencies.
+  const std::vector<Node>& nodes() const { return nodes_; }
 
  private:
   static absl::Status Bad(absl::string_view what) {
@@ -145,13 +161,26 @@ class Lowerer {
         absl::StrCat("expression does not type-check (", what, "); validate the spec first"));
   }
 
-  Value Emit(ExprType type, const std::string& rhs, DiffOp op = DiffOp::kNone,
-             std::vector<Value> args = {}, int slot = -1) {
+  // One temporary `tN = rhs` of `type` computed from `operands` (the values
+  // rhs reads, which give its dependencies); op and slot for differentiation.
+  Value Emit(ExprType type, const std::string& rhs, std::vector<Value> operands,
+             DiffOp op = DiffOp::kNone, int slot = -1) {
     const int n = static_cast<int>(tape_.size());
     std::string name = absl::StrCat("t", n);
-    absl::StrAppend(&body_, "  const ", CType(type), " ", name, " = ", rhs, ";\n");
-    tape_.push_back(TapeNode{op, std::move(args), slot});
-    return Value{name, type, n};
+    std::string line = absl::StrCat("  const ", CType(type), " ", name, " = ", rhs, ";\n");
+    absl::StrAppend(&body_, line);
+    unsigned deps = 0;
+    std::vector<int> uses;
+    for (const Value& v : operands) {
+      deps |= v.deps;
+      if (v.temp >= 0) uses.push_back(v.temp);
+    }
+    nodes_.push_back(Node{std::move(line), type, deps, std::move(uses)});
+    // The tape keeps the operands of differentiable operations and reads
+    // (ReverseSweep's inputs) only.
+    const bool keep = op != DiffOp::kNone || slot >= 0;
+    tape_.push_back(TapeNode{op, keep ? std::move(operands) : std::vector<Value>{}, slot});
+    return Value{name, type, n, /*score=*/false, deps};
   }
 
   absl::StatusOr<Value> LowerUnary(const v1::UnaryExpr& u) {
@@ -163,36 +192,39 @@ class Lowerer {
       case v1::UnaryExpr::OP_NEG:
         if (is_int) {
           return Emit(ExprType::kInt,
-                      absl::StrCat("static_cast<int>(0u - static_cast<unsigned>(", a->text, "))"));
+                      absl::StrCat("static_cast<int>(0u - static_cast<unsigned>(", a->text, "))"),
+                      {*a});
         }
-        if (is_float) return Emit(ExprType::kFloat, absl::StrCat("-", a->text), DiffOp::kNeg, {*a});
+        if (is_float) return Emit(ExprType::kFloat, absl::StrCat("-", a->text), {*a}, DiffOp::kNeg);
         break;
       case v1::UnaryExpr::OP_ABS:
         if (is_int) {
           return Emit(ExprType::kInt,
                       absl::StrCat(a->text, " < 0 ? static_cast<int>(0u - static_cast<unsigned>(",
-                                   a->text, ")) : ", a->text));
+                                   a->text, ")) : ", a->text),
+                      {*a});
         }
         if (is_float) {
-          return Emit(ExprType::kFloat, absl::StrCat("fabsf(", a->text, ")"), DiffOp::kAbs, {*a});
+          return Emit(ExprType::kFloat, absl::StrCat("fabsf(", a->text, ")"), {*a}, DiffOp::kAbs);
         }
         break;
       case v1::UnaryExpr::OP_NOT:
-        if (a->type == ExprType::kBool) return Emit(ExprType::kBool, absl::StrCat("!", a->text));
+        if (a->type == ExprType::kBool)
+          return Emit(ExprType::kBool, absl::StrCat("!", a->text), {*a});
         break;
       case v1::UnaryExpr::OP_EXP:
         if (is_float) {
-          return Emit(ExprType::kFloat, absl::StrCat("expf(", a->text, ")"), DiffOp::kExp, {*a});
+          return Emit(ExprType::kFloat, absl::StrCat("expf(", a->text, ")"), {*a}, DiffOp::kExp);
         }
         break;
       case v1::UnaryExpr::OP_TANH:
         if (is_float) {
-          return Emit(ExprType::kFloat, absl::StrCat("tanhf(", a->text, ")"), DiffOp::kTanh, {*a});
+          return Emit(ExprType::kFloat, absl::StrCat("tanhf(", a->text, ")"), {*a}, DiffOp::kTanh);
         }
         break;
       case v1::UnaryExpr::OP_TO_FLOAT:
         if (is_int) {
-          return Emit(ExprType::kFloat, absl::StrCat("static_cast<float>(", a->text, ")"));
+          return Emit(ExprType::kFloat, absl::StrCat("static_cast<float>(", a->text, ")"), {*a});
         }
         break;
       default:
@@ -210,7 +242,7 @@ class Lowerer {
     const ExprType t = a->type;
     const auto cmp = [&](const char* op) -> absl::StatusOr<Value> {
       if (t == ExprType::kBool) return Bad("comparison of bools");
-      return Emit(ExprType::kBool, absl::StrCat(a->text, " ", op, " ", b->text));
+      return Emit(ExprType::kBool, absl::StrCat(a->text, " ", op, " ", b->text), {*a, *b});
     };
     using Op = v1::BinaryExpr;
     switch (bin.op()) {
@@ -221,45 +253,47 @@ class Lowerer {
         const DiffOp d = bin.op() == Op::OP_ADD   ? DiffOp::kAdd
                          : bin.op() == Op::OP_SUB ? DiffOp::kSub
                                                   : DiffOp::kMul;
-        if (t == ExprType::kInt) return Emit(t, Wrap(op, *a, *b));
+        if (t == ExprType::kInt) return Emit(t, Wrap(op, *a, *b), {*a, *b});
         if (t == ExprType::kFloat) {
-          return Emit(t, absl::StrCat(a->text, " ", op, " ", b->text), d, {*a, *b});
+          return Emit(t, absl::StrCat(a->text, " ", op, " ", b->text), {*a, *b}, d);
         }
         break;
       }
       case Op::OP_DIV:
         if (t == ExprType::kFloat) {
-          return Emit(t, absl::StrCat(a->text, " / ", b->text), DiffOp::kDiv, {*a, *b});
+          return Emit(t, absl::StrCat(a->text, " / ", b->text), {*a, *b}, DiffOp::kDiv);
         }
         break;
       case Op::OP_MOD:
         if (t == ExprType::kInt) {
           uses_imod_ = true;
-          return Emit(t, absl::StrCat("kc_imod(", a->text, ", ", b->text, ")"));
+          return Emit(t, absl::StrCat("kc_imod(", a->text, ", ", b->text, ")"), {*a, *b});
         }
         break;
       case Op::OP_FLOORDIV:
         if (t == ExprType::kInt) {
           uses_ifloordiv_ = true;
-          return Emit(t, absl::StrCat("kc_ifloordiv(", a->text, ", ", b->text, ")"));
+          return Emit(t, absl::StrCat("kc_ifloordiv(", a->text, ", ", b->text, ")"), {*a, *b});
         }
         break;
       case Op::OP_MIN:
         if (t == ExprType::kInt) {
-          return Emit(t, absl::StrCat(a->text, " < ", b->text, " ? ", a->text, " : ", b->text));
+          return Emit(t, absl::StrCat(a->text, " < ", b->text, " ? ", a->text, " : ", b->text),
+                      {*a, *b});
         }
         if (t == ExprType::kFloat) {
-          return Emit(t, absl::StrCat("fminf(", a->text, ", ", b->text, ")"), DiffOp::kMin,
-                      {*a, *b});
+          return Emit(t, absl::StrCat("fminf(", a->text, ", ", b->text, ")"), {*a, *b},
+                      DiffOp::kMin);
         }
         break;
       case Op::OP_MAX:
         if (t == ExprType::kInt) {
-          return Emit(t, absl::StrCat(a->text, " > ", b->text, " ? ", a->text, " : ", b->text));
+          return Emit(t, absl::StrCat(a->text, " > ", b->text, " ? ", a->text, " : ", b->text),
+                      {*a, *b});
         }
         if (t == ExprType::kFloat) {
-          return Emit(t, absl::StrCat("fmaxf(", a->text, ", ", b->text, ")"), DiffOp::kMax,
-                      {*a, *b});
+          return Emit(t, absl::StrCat("fmaxf(", a->text, ", ", b->text, ")"), {*a, *b},
+                      DiffOp::kMax);
         }
         break;
       case Op::OP_EQ:
@@ -277,7 +311,8 @@ class Lowerer {
       case Op::OP_AND:
       case Op::OP_OR:
         if (t == ExprType::kBool) {
-          return Emit(t, absl::StrCat(a->text, bin.op() == Op::OP_AND ? " && " : " || ", b->text));
+          return Emit(t, absl::StrCat(a->text, bin.op() == Op::OP_AND ? " && " : " || ", b->text),
+                      {*a, *b});
         }
         break;
       default:
@@ -303,14 +338,15 @@ class Lowerer {
       index.push_back(*std::move(v));
     }
     call += ")";
-    return Emit(type, call, type == ExprType::kFloat ? DiffOp::kRead : DiffOp::kNone,
-                std::move(index), buf.slot);
+    return Emit(type, call, std::move(index),
+                type == ExprType::kFloat ? DiffOp::kRead : DiffOp::kNone, buf.slot);
   }
 
   const ExprBufferTable* buffers_;
   const bool score_allowed_;
   std::string body_;
   std::vector<TapeNode> tape_;
+  std::vector<Node> nodes_;
   bool uses_imod_ = false;
   bool uses_ifloordiv_ = false;
   bool reads_b_ = false;
@@ -806,6 +842,76 @@ constexpr const char* kIfloordivHelper =
 
 }  // namespace
 
+// The mask predicate split for the kernels' per-row data (KC_EXPR_MASK_ROW):
+// kc_expr_mask_row computes the temporaries that depend on the query row
+// alone (b, h, q_idx: buffer reads such as window[h] or anchors[b, q / 16],
+// divisions of q_idx) once per row and packs those the rest reads into an
+// int4; kc_expr_mask_rd finishes the predicate for one key from it. The
+// kernels evaluate a partial tile per element, and without the split every
+// element repeated the row's buffer reads (the compiler does not merge
+// loads across the tile's inline assembly). Empty (no split) when nothing
+// row-only is read or more than four values would need packing.
+// kc_expr_mask, the unsplit predicate, stays for every other caller and as
+// the reference the split is tested against.
+std::string MaskRowFunctions(const std::vector<Node>& nodes, const Value& root,
+                             absl::string_view unused) {
+  if (root.temp < 0) return "";
+  const auto row_only = [&](int t) {
+    return (nodes[static_cast<size_t>(t)].deps & (kDepKv | kDepScore)) == 0;
+  };
+  std::vector<int> packed;
+  const auto pack = [&](int t) {
+    if (std::find(packed.begin(), packed.end(), t) == packed.end()) packed.push_back(t);
+  };
+  for (int t = 0; t < static_cast<int>(nodes.size()); ++t) {
+    if (row_only(t)) continue;
+    for (int u : nodes[static_cast<size_t>(t)].uses) {
+      if (row_only(u)) pack(u);
+    }
+  }
+  if (row_only(root.temp)) pack(root.temp);
+  if (packed.empty() || packed.size() > 4) return "";
+  std::sort(packed.begin(), packed.end());
+  std::string row, rd, fields[4] = {"0", "0", "0", "0"};
+  static constexpr const char* kLane[4] = {"x", "y", "z", "w"};
+  for (int t = 0; t < static_cast<int>(nodes.size()); ++t) {
+    if (row_only(t) && t <= packed.back())
+      absl::StrAppend(&row, nodes[static_cast<size_t>(t)].line);
+  }
+  for (size_t i = 0; i < packed.size(); ++i) {
+    const Node& n = nodes[static_cast<size_t>(packed[i])];
+    const std::string name = absl::StrCat("t", packed[i]);
+    const std::string lane = absl::StrCat("r.", kLane[i]);
+    switch (n.type) {
+      case ExprType::kInt:
+        fields[i] = name;
+        absl::StrAppend(&rd, "  const int ", name, " = ", lane, ";\n");
+        break;
+      case ExprType::kBool:
+        fields[i] = absl::StrCat(name, " ? 1 : 0");
+        absl::StrAppend(&rd, "  const bool ", name, " = ", lane, " != 0;\n");
+        break;
+      case ExprType::kFloat:
+        fields[i] = absl::StrCat("__float_as_int(", name, ")");
+        absl::StrAppend(&rd, "  const float ", name, " = __int_as_float(", lane, ");\n");
+        break;
+    }
+  }
+  for (int t = 0; t < static_cast<int>(nodes.size()); ++t) {
+    if (!row_only(t)) absl::StrAppend(&rd, nodes[static_cast<size_t>(t)].line);
+  }
+  return absl::StrCat(
+      "__device__ __forceinline__ int4 kc_expr_mask_row(int b, int h, int q_idx,\n"
+      "                                                 const kcache::AttentionParams& p) {\n"
+      "  (void)b; (void)h; (void)q_idx; (void)p;\n",
+      row, "  return int4{", fields[0], ", ", fields[1], ", ", fields[2], ", ", fields[3],
+      "};\n}\n",
+      "__device__ __forceinline__ bool kc_expr_mask_rd(int4 r, int b, int h, int q_idx, int "
+      "kv_idx,\n"
+      "                                                const kcache::AttentionParams& p) {\n",
+      unused, rd, "  return ", root.text, ";\n}\n");
+}
+
 std::string HexFloatLiteral(float v) {
   char buf[64];
   std::snprintf(buf, sizeof(buf), "%af", static_cast<double>(v));
@@ -849,9 +955,11 @@ absl::StatusOr<std::string> LowerSpecExpressions(const v1::AttentionSpec& spec) 
     uses_ifloordiv |= l.uses_ifloordiv();
     // Tile classes of a mask that does not read b (h) are computed for
     // b = 0 (h = 0) only and shared (kernels/attention_fwd.cuh).
+    const std::string row_functions = MaskRowFunctions(l.nodes(), *v, kUnused);
     absl::StrAppend(&defines, "#define KC_EXPR_MASK_READS_B ", l.reads_b() ? 1 : 0, "\n",
                     "#define KC_EXPR_MASK_READS_H ", l.reads_h() ? 1 : 0, "\n",
-                    "#define KC_EXPR_MASK_TILE 1\n");
+                    "#define KC_EXPR_MASK_TILE 1\n", "#define KC_EXPR_MASK_ROW ",
+                    row_functions.empty() ? 0 : 1, "\n");
     RangeLowerer rl(&buffers);
     absl::StatusOr<Value> rv = rl.Lower(spec.mask().expr().predicate());
     if (!rv.ok()) return rv.status();
@@ -878,7 +986,7 @@ absl::StatusOr<std::string> LowerSpecExpressions(const v1::AttentionSpec& spec) 
                     "int kv_idx,\n"
                     "                                             const kcache::AttentionParams& "
                     "p) {\n",
-                    kUnused, l.body(), "  return ", v->text, ";\n}\n");
+                    kUnused, l.body(), "  return ", v->text, ";\n}\n", row_functions);
   }
   if (score_expr) {
     Lowerer l(&buffers, /*score_allowed=*/true);

@@ -495,6 +495,48 @@ TEST(LowerTest, MaskSaysWhichIndicesItReadsAndHasATileEvaluation) {
   EXPECT_THAT(*score_only, Not(HasSubstr("KC_EXPR_MASK_")));
 }
 
+TEST(LowerTest, MaskRowOnlyPartIsComputedOncePerRow) {
+  // (kv <= q) & (q - kv < window[h]): window[h] reads nothing of kv, so it
+  // moves to kc_expr_mask_row and kc_expr_mask_rd takes it from the int4.
+  v1::AttentionSpec s = BaseSpec();
+  *s.add_buffers() = Buffer("window", v1::ELEM_TYPE_INT32, 1, /*trainable=*/false);
+  const v1::Expr q = Idx(v1::INDEX_VAR_Q_IDX), kv = Idx(v1::INDEX_VAR_KV_IDX);
+  *s.mutable_mask()->mutable_expr()->mutable_predicate() =
+      Bin(B::OP_AND, Bin(B::OP_LE, kv, q),
+          Bin(B::OP_LT, Bin(B::OP_SUB, q, kv), Read("window", {Idx(v1::INDEX_VAR_H)})));
+  absl::StatusOr<std::string> code = LowerSpecExpressions(NormalizeAttentionSpec(s));
+  ASSERT_TRUE(code.ok()) << code.status();
+  EXPECT_THAT(*code, HasSubstr("#define KC_EXPR_MASK_ROW 1\n"));
+  const std::string row = Function(*code, "__device__ __forceinline__ int4 kc_expr_mask_row(");
+  EXPECT_THAT(row, HasSubstr("kc_read_0(p, h)"));
+  EXPECT_THAT(row, Not(HasSubstr("kv_idx <=")));
+  const std::string rd = Function(*code, "__device__ __forceinline__ bool kc_expr_mask_rd(");
+  EXPECT_THAT(rd, Not(HasSubstr("kc_read_0(")));
+  EXPECT_THAT(rd, HasSubstr(" = r.x;\n"));
+  // The unsplit predicate stays (the reference kernel and classification use it).
+  EXPECT_THAT(Function(*code, "__device__ __forceinline__ bool kc_expr_mask("),
+              HasSubstr("kc_read_0(p, h)"));
+
+  // Nothing row-only to hoist (the predicate reads kv in every node): no split.
+  v1::AttentionSpec t = BaseSpec();
+  *t.mutable_mask()->mutable_expr()->mutable_predicate() = Bin(B::OP_LT, kv, Int(100));
+  absl::StatusOr<std::string> plain = LowerSpecExpressions(NormalizeAttentionSpec(t));
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_THAT(*plain, HasSubstr("#define KC_EXPR_MASK_ROW 0\n"));
+  EXPECT_THAT(*plain, Not(HasSubstr("kc_expr_mask_row(")));
+
+  // Five row-only values read by the per-key part do not fit the int4: no split.
+  v1::AttentionSpec u = BaseSpec();
+  v1::Expr pred = Bin(B::OP_LT, kv, Bin(B::OP_FLOORDIV, q, Int(2)));
+  for (int d = 3; d <= 6; ++d) {
+    pred = Bin(B::OP_AND, pred, Bin(B::OP_LT, kv, Bin(B::OP_FLOORDIV, q, Int(d))));
+  }
+  *u.mutable_mask()->mutable_expr()->mutable_predicate() = pred;
+  absl::StatusOr<std::string> wide = LowerSpecExpressions(NormalizeAttentionSpec(u));
+  ASSERT_TRUE(wide.ok()) << wide.status();
+  EXPECT_THAT(*wide, HasSubstr("#define KC_EXPR_MASK_ROW 0\n"));
+}
+
 // ---------------------------------------------------------------------------
 // Real NVRTC compiles.
 // ---------------------------------------------------------------------------

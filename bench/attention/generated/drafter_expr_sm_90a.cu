@@ -32,6 +32,7 @@
 #define KC_EXPR_MASK_READS_B 1
 #define KC_EXPR_MASK_READS_H 0
 #define KC_EXPR_MASK_TILE 1
+#define KC_EXPR_MASK_ROW 1
 __device__ __forceinline__ int kc_read_0(const kcache::AttentionParams& p, int i0, int i1) {
   const kcache::KcBuffer& buf = p.buffers[0];
   if (buf.ptr == nullptr || buf.rank != 2) return 0;
@@ -60,6 +61,30 @@ __device__ __forceinline__ bool kc_expr_mask(int b, int h, int q_idx, int kv_idx
   const int t6 = static_cast<int>(static_cast<unsigned>(kv_idx) - static_cast<unsigned>(3072));
   const int t7 = kc_ifloordiv(t6, 16);
   const int t8 = kc_ifloordiv(q_idx, 16);
+  const bool t9 = t7 == t8;
+  const bool t10 = t5 && t9;
+  const bool t11 = t4 || t10;
+  return t11;
+}
+__device__ __forceinline__ int4 kc_expr_mask_row(int b, int h, int q_idx,
+                                                 const kcache::AttentionParams& p) {
+  (void)b; (void)h; (void)q_idx; (void)p;
+  const int t1 = kc_ifloordiv(q_idx, 16);
+  const int t2 = kc_read_0(p, b, t1);
+  const int t8 = kc_ifloordiv(q_idx, 16);
+  return int4{t2, t8, 0, 0};
+}
+__device__ __forceinline__ bool kc_expr_mask_rd(int4 r, int b, int h, int q_idx, int kv_idx,
+                                                const kcache::AttentionParams& p) {
+  (void)b; (void)h; (void)q_idx; (void)kv_idx; (void)p;
+  const int t2 = r.x;
+  const int t8 = r.y;
+  const bool t0 = kv_idx < 3072;
+  const bool t3 = kv_idx < t2;
+  const bool t4 = t0 && t3;
+  const bool t5 = kv_idx >= 3072;
+  const int t6 = static_cast<int>(static_cast<unsigned>(kv_idx) - static_cast<unsigned>(3072));
+  const int t7 = kc_ifloordiv(t6, 16);
   const bool t9 = t7 == t8;
   const bool t10 = t5 && t9;
   const bool t11 = t4 || t10;

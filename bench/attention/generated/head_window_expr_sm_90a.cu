@@ -32,6 +32,7 @@
 #define KC_EXPR_MASK_READS_B 0
 #define KC_EXPR_MASK_READS_H 1
 #define KC_EXPR_MASK_TILE 1
+#define KC_EXPR_MASK_ROW 1
 __device__ __forceinline__ int kc_read_0(const kcache::AttentionParams& p, int i0) {
   const kcache::KcBuffer& buf = p.buffers[0];
   if (buf.ptr == nullptr || buf.rank != 1) return 0;
@@ -45,6 +46,22 @@ __device__ __forceinline__ bool kc_expr_mask(int b, int h, int q_idx, int kv_idx
   const bool t0 = kv_idx <= q_idx;
   const int t1 = static_cast<int>(static_cast<unsigned>(q_idx) - static_cast<unsigned>(kv_idx));
   const int t2 = kc_read_0(p, h);
+  const bool t3 = t1 < t2;
+  const bool t4 = t0 && t3;
+  return t4;
+}
+__device__ __forceinline__ int4 kc_expr_mask_row(int b, int h, int q_idx,
+                                                 const kcache::AttentionParams& p) {
+  (void)b; (void)h; (void)q_idx; (void)p;
+  const int t2 = kc_read_0(p, h);
+  return int4{t2, 0, 0, 0};
+}
+__device__ __forceinline__ bool kc_expr_mask_rd(int4 r, int b, int h, int q_idx, int kv_idx,
+                                                const kcache::AttentionParams& p) {
+  (void)b; (void)h; (void)q_idx; (void)kv_idx; (void)p;
+  const int t2 = r.x;
+  const bool t0 = kv_idx <= q_idx;
+  const int t1 = static_cast<int>(static_cast<unsigned>(q_idx) - static_cast<unsigned>(kv_idx));
   const bool t3 = t1 < t2;
   const bool t4 = t0 && t3;
   return t4;

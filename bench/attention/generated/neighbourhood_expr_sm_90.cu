@@ -32,6 +32,7 @@
 #define KC_EXPR_MASK_READS_B 0
 #define KC_EXPR_MASK_READS_H 0
 #define KC_EXPR_MASK_TILE 1
+#define KC_EXPR_MASK_ROW 1
 // Mathematical modulus in [0, |m|); 0 when m == 0. Unsigned arithmetic:
 // defined for INT_MIN too.
 __device__ __forceinline__ int kc_imod(int a, int m) {
@@ -58,6 +59,29 @@ __device__ __forceinline__ bool kc_expr_mask(int b, int h, int q_idx, int kv_idx
   const int t3 = t2 < 0 ? static_cast<int>(0u - static_cast<unsigned>(t2)) : t2;
   const bool t4 = t3 <= 3;
   const int t5 = kc_imod(q_idx, 48);
+  const int t6 = kc_imod(kv_idx, 48);
+  const int t7 = static_cast<int>(static_cast<unsigned>(t5) - static_cast<unsigned>(t6));
+  const int t8 = t7 < 0 ? static_cast<int>(0u - static_cast<unsigned>(t7)) : t7;
+  const bool t9 = t8 <= 3;
+  const bool t10 = t4 && t9;
+  return t10;
+}
+__device__ __forceinline__ int4 kc_expr_mask_row(int b, int h, int q_idx,
+                                                 const kcache::AttentionParams& p) {
+  (void)b; (void)h; (void)q_idx; (void)p;
+  const int t0 = kc_ifloordiv(q_idx, 48);
+  const int t5 = kc_imod(q_idx, 48);
+  return int4{t0, t5, 0, 0};
+}
+__device__ __forceinline__ bool kc_expr_mask_rd(int4 r, int b, int h, int q_idx, int kv_idx,
+                                                const kcache::AttentionParams& p) {
+  (void)b; (void)h; (void)q_idx; (void)kv_idx; (void)p;
+  const int t0 = r.x;
+  const int t5 = r.y;
+  const int t1 = kc_ifloordiv(kv_idx, 48);
+  const int t2 = static_cast<int>(static_cast<unsigned>(t0) - static_cast<unsigned>(t1));
+  const int t3 = t2 < 0 ? static_cast<int>(0u - static_cast<unsigned>(t2)) : t2;
+  const bool t4 = t3 <= 3;
   const int t6 = kc_imod(kv_idx, 48);
   const int t7 = static_cast<int>(static_cast<unsigned>(t5) - static_cast<unsigned>(t6));
   const int t8 = t7 < 0 ? static_cast<int>(0u - static_cast<unsigned>(t7)) : t7;
