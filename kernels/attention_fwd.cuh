@@ -1427,12 +1427,21 @@ __device__ __forceinline__ int classify_expr_tile(const AttentionParams& p, int 
 #endif
 }
 
+// One row of tile classes (query tile blockIdx.x). A predicate that does not
+// read h (b) is classified for h = 0 (b = 0) only, and the CTAs of the other
+// heads (batches) share that row's tiles instead of returning: warp w of the
+// CTA of rank r among the row's sharers takes tiles w + 4 r, w + 4 (r + n),
+// ... Each tile is then one warp's few microseconds of work, not a
+// sequence of them (the 2-D neighbourhood's 18 rows were 18 busy CTAs).
 template <int BM, int BN>
 __device__ __forceinline__ void classify_expr_tiles(const AttentionParams& p) {
   const int mtile = blockIdx.x;
-  const int h = blockIdx.y;
-  const int b = blockIdx.z;
-  if ((!KC_EXPR_MASK_READS_H && h != 0) || (!KC_EXPR_MASK_READS_B && b != 0)) return;
+  const int h = KC_EXPR_MASK_READS_H ? static_cast<int>(blockIdx.y) : 0;
+  const int b = KC_EXPR_MASK_READS_B ? static_cast<int>(blockIdx.z) : 0;
+  const int share_h = KC_EXPR_MASK_READS_H ? 1 : static_cast<int>(gridDim.y);
+  const int share_b = KC_EXPR_MASK_READS_B ? 1 : static_cast<int>(gridDim.z);
+  const int rank = (KC_EXPR_MASK_READS_H ? 0 : static_cast<int>(blockIdx.y)) +
+                   (KC_EXPR_MASK_READS_B ? 0 : static_cast<int>(blockIdx.z)) * share_h;
   const int m0 = mtile * BM;
   const int m1 = imin(m0 + BM, p.q_len) - 1;
   const int n_kv_tiles = (p.kv_len + BN - 1) / BN;
@@ -1440,7 +1449,7 @@ __device__ __forceinline__ void classify_expr_tiles(const AttentionParams& p) {
                mtile * p.tile_class_stride_m;
   const int warp = static_cast<int>(threadIdx.x) >> 5;
   const int lane = static_cast<int>(threadIdx.x) & 31;
-  for (int t = warp; t < n_kv_tiles; t += 4) {
+  for (int t = warp + 4 * rank; t < n_kv_tiles; t += 4 * share_h * share_b) {
     const int n0 = t * BN;
     const int c =
         classify_expr_tile<BM, BN>(p, b, h, m0, m1, n0, imin(n0 + BN, p.kv_len) - 1, lane);

@@ -465,10 +465,12 @@ def run_expr_case(name, args, rows):
     for t in (args.tiles.split(",") if args.tiles else []):
         # Forward tile sweeps: the generator's translation unit with other KC_BLOCK_M/N,
         # KC_NUM_WARPS and KC_STAGES (what spec.tuning would make it write).
+        # "+det": the deterministic backward (dQ kernel instead of fp32 atomics).
         a, dims = t.split(":")
-        bm, bn, nw, st = (int(x) for x in dims.split("x"))
+        bm, bn, nw, st = (int(x) for x in dims.split("+")[0].split("x"))
         src = E.load_source(base, a)
-        for key, val in (("BLOCK_M", bm), ("BLOCK_N", bn), ("NUM_WARPS", nw), ("STAGES", st)):
+        for key, val in (("BLOCK_M", bm), ("BLOCK_N", bn), ("NUM_WARPS", nw), ("STAGES", st),
+                         ("DETERMINISTIC", int(dims.endswith("+det")))):
             src = re.sub(r"^#define KC_%s \d+$" % key, "#define KC_%s %d" % (key, val), src,
                          flags=re.M)
         variants.append(("expr_%s_%s" % (a, dims), K.generated_spec(src), None))
@@ -515,6 +517,11 @@ def run_expr_case(name, args, rows):
                      tiles=spec["tiles"], bwd_tiles=spec["bwd_tiles"],
                      ptxas={e: K.ptxas_summary(log, e) for e in (
                          "kcache_attn_fwd", "kcache_attn_mask_build", "kcache_attn_bwd_dkdv")})
+            # Each backward launch alone (after a full run, so that its inputs are real).
+            x["bwd_launch_ms"] = {
+                n.replace("kcache_attn_bwd_", ""): round(time_ms(
+                    lambda n=n, g=g, t=t, sm=sm: kern._launch(kern.bwd[n], g, t, sm, bl.params)),
+                    4) for n, g, t, sm in bl.launches()}
             if tc is not None:
                 # Classification cost alone, and its exactness against the dense mask.
                 x["mask_build_ms"] = time_ms(lambda: kern.launch_mask_build(p))
@@ -585,7 +592,8 @@ def print_expr_table(rows):
             if "mask_build_ms" in x:
                 extra = " build %.3f ms, class mismatches %d, classes 0/1/2 %s" % (
                     x["mask_build_ms"], x["class_mismatch"], x["class_hist"])
-            extra += " (forward kernel alone %.3f ms)" % x.get("kernel_fwd_ms", float("nan"))
+            extra += " (forward kernel alone %.3f ms; backward launches %s)" % (
+                x.get("kernel_fwd_ms", float("nan")), x.get("bwd_launch_ms"))
             print("   %-14s %.3f / %.3f ms  vs flex %.2fx / %.2fx  err O %.1e dQ %.1e dK %.1e "
                   "dV %.1e %s%s" % (tag, x["fwd_ms"], x["fwdbwd_ms"], r["flex_fwd"] / x["fwd_ms"],
                                     r["flex_fwdbwd"] / x["fwdbwd_ms"], x.get("err_o", -1),
@@ -611,7 +619,7 @@ def main():
     ap.add_argument("--jobs", type=int, default=None, help="parallel NVRTC processes")
     ap.add_argument("--tiles", default=None,
                     help="with --expr: extra forward tilings to time, ARCH:BMxBNxWARPSxSTAGES,... "
-                    "(e.g. sm_90a:64x64x4x2)")
+                    "(e.g. sm_90a:64x64x4x2; a +det suffix: the deterministic backward)")
     ap.add_argument("--expr", action="store_true",
                     help="the expression-mask cases (issue 28): drafter_expr, drafter_expr_random, "
                     "neighbourhood_expr, head_window_expr (or --only)")
