@@ -89,7 +89,7 @@ absl::StatusOr<v1::ListResponse> Store::List(const v1::Filter& filter, uint32_t 
   if (page_size == 0) page_size = 100;
   page_size = std::min<uint32_t>(page_size, 1000);
   std::string begin, end;
-  auto narrow = [&](std::string b, std::string e) {
+  auto narrow = [&](const std::string& b, const std::string& e) {
     begin = std::max(begin, b);
     if (!e.empty() && (end.empty() || e < end)) end = e;
   };

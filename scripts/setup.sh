@@ -4,7 +4,7 @@
 set -euo pipefail
 
 PACKAGES=(
-  cmake ninja-build g++ clang clang-format libclang-rt-14-dev pkg-config
+  cmake ninja-build g++ clang clang-format clang-tidy libclang-rt-14-dev pkg-config
   librocksdb-dev libgrpc++-dev libgrpc-dev protobuf-compiler protobuf-compiler-grpc
   libprotobuf-dev libabsl-dev libssl-dev libzstd-dev liblz4-dev libsnappy-dev libbz2-dev
   zlib1g-dev libgflags-dev libgtest-dev libgmock-dev libbenchmark-dev libyaml-cpp-dev

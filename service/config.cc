@@ -10,6 +10,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/util/json_util.h"
 #include "service/build_info.h"
@@ -24,7 +25,7 @@ v1::DaemonConfig DefaultDaemonConfig() {
   v1::DaemonConfig c;
   c.set_store_path(".kcache/store");
   c.set_memory_cache_bytes(256ull << 20);
-  c.set_eviction_grace_ms(3600 * 1000);
+  c.set_eviction_grace_ms(absl::ToInt64Milliseconds(absl::Hours(1)));
   c.set_stats_flush_ms(1000);
   c.set_socket_path(".kcache/kcached.sock");
   c.set_max_queue_depth(256);

@@ -12,6 +12,7 @@
 #include <cstring>
 
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -104,7 +105,7 @@ void HttpServer::Serve(int client) {
   std::string req;
   char buf[1024];
   absl::Time deadline = absl::Now() + absl::Seconds(2);
-  while (req.find("\r\n\r\n") == std::string::npos && req.size() < 8192) {
+  while (!absl::StrContains(req, "\r\n\r\n") && req.size() < 8192) {
     int left = static_cast<int>(absl::ToInt64Milliseconds(deadline - absl::Now()));
     pollfd p{client, POLLIN, 0};
     if (left <= 0 || poll(&p, 1, left) <= 0) return;
@@ -115,11 +116,11 @@ void HttpServer::Serve(int client) {
   std::string status = "200 OK", body, type = "text/plain; version=0.0.4";
   // HEAD is GET without the body (RFC 9110 9.3.2): probes and load
   // balancers use it to see that the endpoint is there.
-  const bool head = req.rfind("HEAD ", 0) == 0;
+  const bool head = absl::StartsWith(req, "HEAD ");
   const size_t from = head ? 5 : 4;  // the request has at least "\r\n\r\n"
   std::string target = req.substr(from, req.find_first_of(" \r\n", from) - from);
   target = target.substr(0, target.find('?'));  // a scraper's query string
-  const bool get = head || req.rfind("GET ", 0) == 0;
+  const bool get = head || absl::StartsWith(req, "GET ");
   if (get && target == "/metrics") {
     body = metrics_();
   } else if (get && target == "/healthz") {

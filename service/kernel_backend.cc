@@ -210,7 +210,8 @@ CompileResult KernelBackend::Compile(const ResolvedRequest& r, absl::Time compil
 
 JobFn KernelBackend::MakeJob(std::shared_ptr<const ResolvedRequest> r, absl::Time compile_deadline,
                              std::shared_ptr<std::atomic<bool>> compiled) {
-  return [this, r, compile_deadline, compiled](const ReportFn& report) {
+  return [this, r = std::move(r), compile_deadline,
+          compiled = std::move(compiled)](const ReportFn& report) {
     return Compile(*r, compile_deadline, report, compiled.get());
   };
 }

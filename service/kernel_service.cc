@@ -324,7 +324,7 @@ class KernelServiceImpl::StreamingCall final : public grpc::ServerWriteReactor<g
       if (e.phase == Phase::kDone || e.phase == Phase::kFailed) return;
       v1::GetKernelEvent ev;
       *ev.mutable_progress() = ToProto(e);
-      Push(std::move(ev));
+      Push(ev);
     };
   }
 
@@ -417,7 +417,7 @@ class KernelServiceImpl::StreamingCall final : public grpc::ServerWriteReactor<g
       absl::MutexLock lock(&mu_);
       if (writing_ || finished_) return;
       if (!queue_.empty() && !broken_) {
-        current_ = std::move(queue_.front());
+        current_.Swap(&queue_.front());  // ByteBuffer has no move: swap, not copy
         queue_.pop_front();
         writing_ = true;
         write = true;

@@ -84,7 +84,7 @@ absl::StatusOr<RedisAddress> ParseRedisUrl(absl::string_view url) {
         absl::StrCat("remote: '", url, "' is not redis://HOST:PORT[/DB]"));
   }
   absl::string_view rest = url.substr(kScheme.size());
-  if (rest.find('@') != absl::string_view::npos) {
+  if (absl::StrContains(rest, '@')) {
     return absl::InvalidArgumentError(
         "remote: no credentials in the URL; put the password in remote_password_file");
   }

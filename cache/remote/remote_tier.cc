@@ -81,9 +81,10 @@ EntryRef RemoteTier::Get(std::string_view key, bool count_miss) {
     n_.bad_entries.fetch_add(1, std::memory_order_relaxed);
     // Logged on the first look only: a node waiting on a lease re-reads the
     // same bad entry every poll until its holder replaces it.
-    if (count_miss)
+    if (count_miss) {
       std::cerr << "kcached: remote tier: refused entry " << KeyToHex(key) << ": " << why
                 << std::endl;
+    }
     return miss();
   };
   auto rec = Call({"GET", RecordKey(key)});

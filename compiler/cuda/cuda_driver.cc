@@ -139,7 +139,7 @@ CudaDevices::~CudaDevices() {
 
 std::unique_ptr<CudaDevices> CudaDevices::Open(const std::string& library_path) {
   std::unique_ptr<CudaDevices> self(new CudaDevices());
-  const auto compile_only = [&](std::string why) {
+  const auto compile_only = [&](const std::string& why) {
     self->availability_ = absl::UnavailableError(absl::StrCat("compile-only mode: ", why));
     self->devices_.clear();
     self->api_.reset();
@@ -211,9 +211,10 @@ std::unique_ptr<CudaDevices> CudaDevices::Open(const std::string& library_path) 
     attr(CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, &d.info.max_smem_per_block_optin);
     size_t mem = 0;
     if (s.ok()) s = CuStatus(api.get(), api->DeviceTotalMem(&mem, d.device), "cuDeviceTotalMem");
-    if (s.ok())
+    if (s.ok()) {
       s = CuStatus(api.get(), api->DevicePrimaryCtxRetain(&d.primary, d.device),
                    "cuDevicePrimaryCtxRetain");
+    }
     if (!s.ok()) {
       // Release what was retained so far; one broken device means the
       // daemon should not pretend to verify.
@@ -294,9 +295,10 @@ absl::StatusOr<VerifyResult> CudaDevices::Verify(int ordinal, absl::string_view 
     EntryResources r;
     r.name = req.name;
     const auto get = [&](CUfunction_attribute a, int* out, const char* what) {
-      if (s.ok())
+      if (s.ok()) {
         s = CuStatus(api_.get(), api_->FuncGetAttribute(out, a, fn),
                      absl::StrCat("cuFuncGetAttribute(", req.name, ", ", what, ")"));
+      }
     };
     get(CU_FUNC_ATTRIBUTE_NUM_REGS, &r.registers, "NUM_REGS");
     get(CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, &r.static_smem_bytes, "SHARED_SIZE_BYTES");
@@ -526,10 +528,11 @@ absl::StatusOr<AttentionCheckDiff> CudaDevices::RunAttentionCheck(
       for (auto& x : v) x = static_cast<int32_t>(rng() % static_cast<unsigned>(Lkv + 1));
       ptr = upload(v.data(), n * 4);
     }
-    if (!ptr.ok())
+    if (!ptr.ok()) {
       chain(ptr.status());
-    else
+    } else {
       kb.ptr = reinterpret_cast<const void*>(*ptr);
+    }
   }
   if (!s.ok()) return s;
 

@@ -138,7 +138,7 @@ std::vector<KernelReport> ParsePtxasReport(absl::string_view log) {
       }
       continue;
     }
-    if (have_pending && line.find("bytes stack frame") != absl::string_view::npos) {
+    if (have_pending && absl::StrContains(line, "bytes stack frame")) {
       pending.stack_frame_bytes = std::max(0, FindCount(line, "bytes stack frame"));
       pending.spill_store_bytes = std::max(0, FindCount(line, "bytes spill stores"));
       pending.spill_load_bytes = std::max(0, FindCount(line, "bytes spill loads"));

@@ -542,7 +542,6 @@ void Scheduler::WorkerLoop() {
     {
       absl::MutexLock l(&mu_);
       mu_.Await(absl::Condition(this, &Scheduler::WorkerShouldWake));
-      if (!HasRunnable()) return;  // stopping, and nothing left to run
       // The most urgent head among idle queues: interactive first, then the
       // oldest, so that scarce compile threads follow the same order.
       Queue* best = nullptr;
@@ -552,6 +551,7 @@ void Scheduler::WorkerLoop() {
           best = q.get();
         }
       }
+      if (best == nullptr) return;  // stopping, and nothing left to run
       auto head = best->queued.begin();
       job = std::move(head->second);
       best->queued.erase(head);

@@ -38,8 +38,9 @@ int PollTimeoutMs(absl::Time deadline) {
   if (deadline == absl::InfiniteFuture()) return -1;
   const absl::Duration left = deadline - absl::Now();
   if (left <= absl::ZeroDuration()) return 0;
-  return static_cast<int>(std::min<int64_t>(
-      absl::ToInt64Milliseconds(absl::Ceil(left, absl::Milliseconds(1))), 24 * 3600 * 1000));
+  return static_cast<int>(
+      std::min<int64_t>(absl::ToInt64Milliseconds(absl::Ceil(left, absl::Milliseconds(1))),
+                        absl::ToInt64Milliseconds(absl::Hours(24))));
 }
 
 // Waits until `fd` is ready for `events` or the deadline passes.
@@ -77,9 +78,10 @@ absl::Status ReadAll(int fd, char* data, size_t size, absl::Time deadline, bool*
   while (size > 0) {
     if (absl::Status s = WaitFd(fd, POLLIN, deadline); !s.ok()) return s;
     const ssize_t n = recv(fd, data, size, MSG_DONTWAIT);
-    if (n == 0)
+    if (n == 0) {
       return *got_any ? absl::UnavailableError("peer closed mid-frame")
                       : absl::NotFoundError("peer closed");
+    }
     if (n < 0) {
       if (errno == EINTR || errno == EAGAIN) continue;
       if (errno == ECONNRESET) return absl::UnavailableError("peer reset the connection");

@@ -122,6 +122,7 @@ absl::StatusOr<std::unique_ptr<WorkerPool::Worker>> WorkerPool::Spawn(bool probe
   if (options_.enable_test_faults) args.push_back("--enable-test-faults");
   if (probe) args.push_back("--probe");
   std::vector<char*> argv;
+  argv.reserve(args.size() + 1);
   for (std::string& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
 

@@ -59,7 +59,7 @@ TEST(BundleTest, RoundTrip) {
 
 TEST(BundleTest, RefusesDamagedOrForeignBytesNamingTheProblem) {
   const std::string good = Encode(Sample(2));
-  auto expect = [](std::string bytes, absl::StatusCode code, std::string what) {
+  auto expect = [](const std::string& bytes, absl::StatusCode code, const std::string& what) {
     auto d = DecodeBundle(bytes);
     EXPECT_THAT(d, StatusIs(code)) << what;
     EXPECT_THAT(std::string(d.status().message()), HasSubstr(what));

@@ -34,7 +34,7 @@ std::string CubinFor(int n) { return MakeCubin(2048 + (n % 12) * 64, n < kShared
 TEST(ConcurrencyTest, PublishLookupEvictRace) {
   TempDir dir;
   StoreOptions o;
-  o.hot_cache_bytes = 32 * 1024;  // small: inserts and evictions race too
+  o.hot_cache_bytes = size_t{32} * 1024;  // small: inserts and evictions race too
   o.stats_flush_interval = absl::Milliseconds(1);
   auto opened = Store::Open(dir.Sub("store"), o);
   ASSERT_THAT(opened, IsOk());
@@ -51,7 +51,7 @@ TEST(ConcurrencyTest, PublishLookupEvictRace) {
   std::thread evictor([&] {
     if (start->Block()) delete start;
     while (!stop_evicting.load()) {
-      auto r = store.Evict(8 * 1024, absl::ZeroDuration());
+      auto r = store.Evict(uint64_t{8} * 1024, absl::ZeroDuration());
       if (!r.ok()) {
         ADD_FAILURE() << r.status();
         break;
@@ -76,6 +76,7 @@ TEST(ConcurrencyTest, PublishLookupEvictRace) {
   };
 
   std::vector<std::thread> threads;
+  threads.reserve(kThreads);
   for (int t = 0; t < kThreads; ++t) {
     threads.emplace_back([&, t] {
       if (start->Block()) delete start;

@@ -4,6 +4,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "absl/strings/match.h"
 #include "cache/digest.h"
 #include "cache/key.h"
 #include "cache/record_codec.h"
@@ -436,7 +437,7 @@ TEST_F(StoreTest, SecondWriterInAnotherProcessGetsAClearError) {
   if (pid == 0) {
     auto s = Store::Open(dir_.Sub("store"), StoreOptions{});
     bool ok = !s.ok() && absl::IsFailedPrecondition(s.status()) &&
-              s.status().message().find("locked by another process") != absl::string_view::npos;
+              absl::StrContains(s.status().message(), "locked by another process");
     StoreOptions ro;
     ro.read_only = true;
     ro.stats_flush_interval = absl::ZeroDuration();
@@ -451,7 +452,7 @@ TEST_F(StoreTest, SecondWriterInAnotherProcessGetsAClearError) {
 
 TEST_F(StoreTest, HotLayerIsBoundedAndServesWithoutDisk) {
   auto o = Opts();
-  o.hot_cache_bytes = 10 * 1024;
+  o.hot_cache_bytes = size_t{10} * 1024;
   auto store = OpenStore(o);
   for (int i = 0; i < 20; ++i) {
     ASSERT_THAT(store->Publish(MakeRecord(i), MakeCubin(2000, i)), IsOk());

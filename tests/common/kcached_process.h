@@ -70,7 +70,7 @@ inline std::string TestKcachedPath() {
 inline std::string SlowWorkerScript(const std::string& dir, int seconds) {
   const std::string real =
       (std::filesystem::path(TestKcachedPath()).parent_path() / "kcache-compile-worker").string();
-  const std::string path = dir + "/slow-worker.sh";
+  std::string path = dir + "/slow-worker.sh";
   std::ofstream(path) << "#!/bin/sh\nsleep " << seconds << "\nexec '" << real << "' \"$@\"\n";
   chmod(path.c_str(), 0755);
   return path;
@@ -103,6 +103,7 @@ class KcachedProcess {
                                      "--compile_threads=2"};
     args.insert(args.end(), o_.extra_args.begin(), o_.extra_args.end());
     std::vector<char*> argv;
+    argv.reserve(args.size() + 1);
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
     const std::string& log = o_.log_path;

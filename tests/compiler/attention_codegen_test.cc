@@ -714,6 +714,7 @@ void CompileAll(std::vector<Job>& jobs, int skipped, const char* what) {
   const int nthreads = threads_env != nullptr ? std::max(1, std::atoi(threads_env)) : 2;
   std::atomic<size_t> next{0};
   std::vector<std::thread> pool;
+  pool.reserve(static_cast<size_t>(nthreads));
   for (int t = 0; t < nthreads; ++t) {
     pool.emplace_back([&] {
       for (size_t j = next++; j < jobs.size(); j = next++) {

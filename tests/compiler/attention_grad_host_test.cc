@@ -20,8 +20,8 @@
 #pragma clang diagnostic push
 #pragma clang diagnostic ignored "-Wreserved-macro-identifier"
 #pragma clang diagnostic ignored "-Wunknown-warning-option"
-#define __device__
-#define __forceinline__ inline
+#define __device__  // NOLINT(bugprone-reserved-identifier): CUDA's name, empty on the host
+#define __forceinline__ inline  // NOLINT(bugprone-reserved-identifier): CUDA's name
 #pragma clang diagnostic pop
 namespace {
 // Single-threaded here, so a plain add.
@@ -59,7 +59,7 @@ std::vector<HostBuffer> MakeBuffers(const GradCase& c, kcache::AttentionParams* 
     hb.data.resize(size);
     hb.grad.assign(size, 0.0f);
     for (size_t j = 0; j < size; ++j) {
-      hb.data[j] = 1.5f * std::sin(static_cast<float>(3 * j + 7 * i + 1));
+      hb.data[j] = 1.5f * std::sin(static_cast<float>(3 * j + 7 * static_cast<size_t>(i) + 1));
     }
     kcache::KcBuffer& kb = p->buffers[i];
     kb.ptr = hb.data.data();

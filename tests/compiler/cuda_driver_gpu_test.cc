@@ -129,6 +129,7 @@ TEST_F(CudaDriverGpuTest, ConcurrentVerifiesFromManyThreads) {
   CompileOutput out = CompileTiny(d.arch);
   std::vector<std::thread> threads;
   std::vector<absl::Status> results(8);
+  threads.reserve(results.size());
   for (int i = 0; i < 8; ++i) {
     threads.emplace_back([&, i] {
       for (int k = 0; k < 10 && results[i].ok(); ++k) {

@@ -118,6 +118,7 @@ TEST(NvrtcTest, ConcurrentCompilesOfSeparateProgramsSucceed) {
   Nvrtc nvrtc;
   std::vector<std::thread> threads;
   std::vector<absl::Status> results(4);
+  threads.reserve(results.size());
   for (int i = 0; i < 4; ++i) {
     threads.emplace_back([&, i] {
       CompileInput in = Tiny(i % 2 ? "sm_80" : "sm_90a");

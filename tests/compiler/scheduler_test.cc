@@ -65,7 +65,7 @@ class FakeCompiler {
   // that two compiles of one key would give two different pointers.
   JobFn Job(const std::string& key, const std::string& queue,
             absl::Status error = absl::OkStatus()) {
-    return [this, key, queue, error](const ReportFn& report) -> CompileResult {
+    return [this, key, queue, error = std::move(error)](const ReportFn& report) -> CompileResult {
       std::atomic<int>& in_flight = InFlight(queue);
       if (in_flight.fetch_add(1) != 0) overlaps_.fetch_add(1);
       const int total = running_.fetch_add(1) + 1;
@@ -459,6 +459,7 @@ TEST(SchedulerTest, CompileErrorIsSharedRememberedAndRetriedAfterTtl) {
   std::latch submitted(kStorm);
   std::vector<CompileResult> results(kStorm, absl::UnknownError("unset"));
   std::vector<std::thread> threads;
+  threads.reserve(kStorm);
   for (int i = 0; i < kStorm; ++i) {
     threads.emplace_back([&, i] {
       auto t = scheduler.Submit(bad());
@@ -528,7 +529,7 @@ TEST(SchedulerTest, LimitErrorNamesTheKeyForEveryWaiterAndTheMemo) {
   auto joined = scheduler.Submit(req());
   ASSERT_TRUE(joined.ok()) << joined.status();
   fake.Open(key);
-  for (CompileResult r : {(*first)->Wait(), (*joined)->Wait(), scheduler.Run(req())}) {
+  for (const CompileResult& r : {(*first)->Wait(), (*joined)->Wait(), scheduler.Run(req())}) {
     EXPECT_THAT(r, StatusIs(absl::StatusCode::kResourceExhausted));
     EXPECT_THAT(r.status().message(), HasSubstr("key 01abcd007f: compile of raw kernel"));
     EXPECT_THAT(r.status().message(), HasSubstr("limit=cpu_time"));
@@ -868,7 +869,7 @@ TEST(SchedulerTest, DestroyedTicketNeverRunsOnDoneAndOnDoneMayDestroyItsTicket) 
   ASSERT_TRUE(kept.ok());
   std::unique_ptr<Ticket> self = *std::move(kept);
   absl::Notification destroyed;
-  self->OnDone([&](CompileResult r) {
+  self->OnDone([&](const CompileResult& r) {
     EXPECT_TRUE(r.ok()) << r.status();
     self.reset();  // its own Ticket, from inside the callback
     destroyed.Notify();
@@ -889,7 +890,7 @@ TEST(SchedulerTest, DestroyingTheTicketWaitsForARunningOnDone) {
   ASSERT_TRUE(t.ok());
   absl::Notification entered, release;
   std::atomic<bool> returned{false};
-  (*t)->OnDone([&](CompileResult) {
+  (*t)->OnDone([&](const CompileResult&) {
     entered.Notify();
     release.WaitForNotification();
     returned.store(true);

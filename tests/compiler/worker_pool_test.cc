@@ -179,6 +179,7 @@ TEST(WorkerPoolTest, ConcurrentCompilesStayWithinTheBound) {
   WorkerPool pool(TestOptions(/*max_workers=*/2));
   std::vector<std::thread> threads;
   std::vector<absl::Status> results(6);
+  threads.reserve(results.size());
   for (int i = 0; i < 6; ++i) {
     threads.emplace_back([&, i] {
       CompileInput in = Tiny(i % 2 ? "sm_80" : "sm_90a");

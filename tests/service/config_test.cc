@@ -19,7 +19,7 @@ using ::testing::HasSubstr;
 using ::testing::MatchesRegex;
 
 std::string Write(const TempDir& dir, const std::string& name, const std::string& text) {
-  const std::string path = dir.Sub(name);
+  std::string path = dir.Sub(name);
   std::ofstream(path) << text;
   return path;
 }

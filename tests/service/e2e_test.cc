@@ -7,6 +7,7 @@
 #include <set>
 #include <thread>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "client/client.h"
 #include "gmock/gmock.h"
@@ -39,6 +40,7 @@ std::vector<std::shared_ptr<const v1::GetKernelResponse>> ColdStorm(const Daemon
   std::vector<absl::Status> errors(kThreads);
   std::barrier start(kThreads);
   std::vector<std::thread> threads;
+  threads.reserve(kThreads);
   for (int t = 0; t < kThreads; ++t) {
     threads.emplace_back([&, t] {
       auto client = NewClient(d);
@@ -109,6 +111,7 @@ TEST(DaemonE2E, SigkillDuringCompilesThenRestartWaitingClientsSucceed) {
   std::vector<std::string> keys(kThreads);
   std::barrier started(kThreads + 1);
   std::vector<std::thread> threads;
+  threads.reserve(kThreads);
   for (int t = 0; t < kThreads; ++t) {
     threads.emplace_back([&, t] {
       auto client = NewClient(d);
@@ -341,7 +344,7 @@ TEST(DaemonE2E, MaxStoreBytesEvictsInTheBackground) {
   // The janitor logs the run once it has returned, which may be just after
   // the entries are gone: read the log until its summary is there.
   std::string log = ReadLog(d);
-  while (log.find("to stay within max_store_bytes") == std::string::npos && absl::Now() < until) {
+  while (!absl::StrContains(log, "to stay within max_store_bytes") && absl::Now() < until) {
     absl::SleepFor(absl::Milliseconds(20));
     log = ReadLog(d);
   }

@@ -49,7 +49,7 @@ constexpr char kToken[] = "limits-e2e-token";
 // The daemon's resident memory must stay under this while its workers hit
 // their limits (it peaks near 90 MB here, the hits' gRPC traffic included;
 // a worker's allocations must never be the daemon's).
-constexpr int64_t kDaemonRssLimitKb = 256 * 1024;
+constexpr int64_t kDaemonRssLimitKb = int64_t{256} * 1024;
 // CPU seconds per compile for this daemon: an attention compile takes 2-3 s
 // of CPU; the spinning compile is stopped after this many.
 constexpr int kCpuSeconds = 8;
@@ -185,6 +185,7 @@ TEST(LimitsE2E, MemoryAndCpuLimitsFailNamingLimitAndKeyWhileHitsAndOtherCompiles
   std::vector<Call> calls(kCalls);
   std::latch go(kCalls);
   std::vector<std::thread> threads;
+  threads.reserve(kCalls);
   for (int i = 0; i < kCalls; ++i) {
     threads.emplace_back([&, i] {
       go.arrive_and_wait();

@@ -166,6 +166,7 @@ TEST(OpsE2E, MetricsFollowPrometheusConventions) {
   // Two calls at once for one cold kernel: one compiles, one joins it.
   std::barrier start(2);
   std::vector<std::thread> threads;
+  threads.reserve(2);
   for (int t = 0; t < 2; ++t) {
     threads.emplace_back([&] {
       auto client = NewClient(d);

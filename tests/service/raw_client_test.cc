@@ -28,7 +28,7 @@ using ::testing::HasSubstr;
 constexpr char kToken[] = "raw-client-token";
 
 v1::RawKernel Raw(v1::RawKernel::Format format, const std::string& file,
-                  std::vector<std::string> names) {
+                  const std::vector<std::string>& names) {
   v1::RawKernel r;
   r.set_format(format);
   r.set_source(RawFixture(file));

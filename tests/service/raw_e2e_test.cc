@@ -33,7 +33,7 @@ using ::testing::HasSubstr;
 constexpr char kToken[] = "raw-e2e-token";
 
 v1::GetKernelRequest RawRequest(v1::RawKernel::Format format, const std::string& file,
-                                std::vector<std::string> names, const std::string& arch) {
+                                const std::vector<std::string>& names, const std::string& arch) {
   v1::GetKernelRequest r;
   r.mutable_raw()->set_format(format);
   r.mutable_raw()->set_source(RawFixture(file));

@@ -23,7 +23,6 @@ using ::kcache::testing::ReadFileOrEmpty;
 using ::kcache::testing::SlowWorkerScript;
 using ::kcache::testing::TempDir;
 using ::testing::HasSubstr;
-using ::testing::Not;
 
 // A client waiting for a compile that outlives the shutdown grace is told to
 // retry (UNAVAILABLE), not cancelled; it gets its kernel from the restarted

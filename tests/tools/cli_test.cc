@@ -39,7 +39,7 @@ struct CliRun {
   std::string out, err;
 };
 
-CliRun Kcache(std::vector<std::string> args) {
+CliRun Kcache(const std::vector<std::string>& args) {
   std::ostringstream out, err;
   int code = RunKcache(args, {out, err, false});
   return {code, out.str(), err.str()};
@@ -436,7 +436,7 @@ TEST(Cli, VersionIsTheVersionFile) {
   std::string version;
   ASSERT_TRUE(std::getline(in, version));
   ASSERT_THAT(version, ::testing::MatchesRegex("[0-9]+\\.[0-9]+\\.[0-9]+"));
-  for (std::vector<std::string> args :
+  for (const std::vector<std::string>& args :
        {std::vector<std::string>{"--version"}, {"ls", "--version"}, {"--json", "--version"}}) {
     CliRun r = Kcache(args);
     EXPECT_EQ(r.code, 0) << Show(r);
@@ -575,10 +575,10 @@ TEST_F(StoreCli, ScansOfADamagedRecordsTableFinishAndSayWhatTheySkipped) {
       io.write(&c, 1);
     }
   }
-  for (std::vector<std::string> cmd : {std::vector<std::string>{"ls"},
-                                       {"stats"},
-                                       {"invalidate", "--arch", "sm_70"},
-                                       {"gc", "--max-bytes", "1T"}}) {
+  for (const std::vector<std::string>& cmd : {std::vector<std::string>{"ls"},
+                                              {"stats"},
+                                              {"invalidate", "--arch", "sm_70"},
+                                              {"gc", "--max-bytes", "1T"}}) {
     CliRun r = Do(cmd);
     EXPECT_EQ(r.code, 0) << Show(r);
     EXPECT_THAT(r.err, HasSubstr("skipped what could not be read: records: keys")) << Show(r);

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <string_view>
 
+#include "absl/strings/match.h"
 #include "tools/kcache/manifest.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -15,7 +16,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (items.ok()) {
     if (items->empty()) std::abort();
     for (const auto& item : *items) {
-      if (item.arch.rfind("sm_", 0) != 0) std::abort();
+      if (!absl::StartsWith(item.arch, "sm_")) std::abort();
     }
   }
   return 0;

@@ -22,6 +22,7 @@ inline pid_t Spawn(const std::vector<std::string>& args, const std::string& out_
                    const std::string& err_path) {
   std::vector<std::string> copy = args;
   std::vector<char*> argv;
+  argv.reserve(copy.size() + 1);
   for (auto& a : copy) argv.push_back(a.data());
   argv.push_back(nullptr);
   posix_spawn_file_actions_t fa;

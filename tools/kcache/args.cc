@@ -78,10 +78,10 @@ bool ParseUnitDuration(const std::string& text, absl::Duration* out) {
       *out = absl::Hours(n);
       return true;
     case 'd':
-      *out = absl::Hours(24 * n);
+      *out = absl::Hours(n) * 24;  // saturates, as the others do
       return true;
     case 'w':
-      *out = absl::Hours(24 * 7 * n);
+      *out = absl::Hours(n) * 24 * 7;
       return true;
     default:
       return false;

@@ -26,7 +26,7 @@ struct ParsedArgs {
   std::map<std::string, std::string> flags;  // name -> value ("" for switches)
   std::vector<std::string> positional;
   bool has(const std::string& name) const { return flags.count(name) > 0; }
-  std::string get(const std::string& name, std::string fallback = "") const {
+  std::string get(const std::string& name, const std::string& fallback = "") const {
     auto it = flags.find(name);
     return it == flags.end() ? fallback : it->second;
   }

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
@@ -211,7 +212,7 @@ int FindCommand(const std::vector<std::string>& argv) {
     const std::string& a = argv[i];
     if (a == "--") return i + 1 < argv.size() ? static_cast<int>(i + 1) : -1;
     if (a.size() > 1 && a[0] == '-') {
-      if (a.find('=') == std::string::npos) {
+      if (!absl::StrContains(a, '=')) {
         std::string name = a.substr(a[1] == '-' ? 2 : 1);
         for (const FlagSpec& f : GlobalFlags()) {
           if (f.name == name && f.takes_value) ++i;
@@ -244,7 +245,7 @@ int RunKcache(const std::vector<std::string>& argv, CliIo io) {
     if (!parsed.ok()) return c.Usage(parsed.status().message());
     return c.Usage("no command given");
   }
-  std::string name = argv[ci];
+  const std::string& name = argv[ci];
   if (name == "help") {
     const Command* h = ci + 1 < static_cast<int>(argv.size()) ? FindByName(argv[ci + 1]) : nullptr;
     io.out << (h ? CommandHelp(*h) : MainHelp());

@@ -104,6 +104,7 @@ int ImportCommand(CommandContext& c) {
     int code = c.Fail(r.status(), file);
     if (!foreign && absl::StrContains(r.status().message(), "toolchain")) {
       std::vector<std::string> ids;
+      ids.reserve(per_toolchain.size());
       for (const auto& [id, n] : per_toolchain) ids.push_back(absl::StrCat(id, " (", n, ")"));
       c.io.err << "kcache: import: the bundle holds toolchain(s) " << absl::StrJoin(ids, ", ")
                << "; pass --allow-foreign-toolchain to import them anyway\n";

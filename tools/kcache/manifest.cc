@@ -12,6 +12,7 @@
 #include <set>
 #include <sstream>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "compiler/attention/spec_json.h"
@@ -65,11 +66,12 @@ bool ValidUtf8(std::string_view s) {
 
 // A scalar's text: the node must be a scalar of valid UTF-8.
 std::string Text(const YAML::Node& n, const std::string& where) {
-  if (!n.IsScalar())
+  if (!n.IsScalar()) {
     throw ManifestError{absl::StrCat(where, ": expected a plain value, not a ",
                                      n.IsMap()        ? "mapping"
                                      : n.IsSequence() ? "list"
                                                       : "null")};
+  }
   if (!ValidUtf8(n.Scalar())) throw ManifestError{absl::StrCat(where, ": not valid UTF-8")};
   return n.Scalar();
 }
@@ -124,7 +126,7 @@ absl::StatusOr<std::vector<std::string>> Archs(const YAML::Node& n, const std::s
   std::vector<std::string> out;
   for (size_t i = 0; i < n.size(); ++i) {
     const YAML::Node& a = n[i];
-    if (!a.IsScalar() || a.Scalar().rfind("sm_", 0) != 0 || a.Scalar().size() < 5 ||
+    if (!a.IsScalar() || !absl::StartsWith(a.Scalar(), "sm_") || a.Scalar().size() < 5 ||
         a.Scalar().size() > 32 ||
         a.Scalar().find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789_") !=
             std::string::npos) {
