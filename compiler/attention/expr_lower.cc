@@ -143,7 +143,12 @@ class Lowerer {
     return Bad("empty node");
   }
 
-  const std::string& body() const { return body_; }
+  // Every temporary's line, in order: the body of the lowered function.
+  std::string body() const {
+    std::string out;
+    for (const Node& n : nodes_) out += n.line;
+    return out;
+  }
   bool uses_imod() const { return uses_imod_; }
   bool uses_ifloordiv() const { return uses_ifloordiv_; }
   // Whether the tree reads the batch / head index anywhere (tile classes
@@ -168,7 +173,6 @@ class Lowerer {
     const int n = static_cast<int>(tape_.size());
     std::string name = absl::StrCat("t", n);
     std::string line = absl::StrCat("  const ", CType(type), " ", name, " = ", rhs, ";\n");
-    absl::StrAppend(&body_, line);
     unsigned deps = 0;
     std::vector<int> uses;
     for (const Value& v : operands) {
@@ -344,7 +348,6 @@ class Lowerer {
 
   const ExprBufferTable* buffers_;
   const bool score_allowed_;
-  std::string body_;
   std::vector<TapeNode> tape_;
   std::vector<Node> nodes_;
   bool uses_imod_ = false;
