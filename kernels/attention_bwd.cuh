@@ -20,14 +20,17 @@
 //                               atomics. Unless deterministic, dQ partials
 //                               go to dq_accum with fp32 reductions (dS
 //                               staged in shared memory, each warp adding a
-//                               32 x 32 block; vector reductions on sm_90).
+//                               32 x 32 block; vector reductions on sm_90;
+//                               sm_90a: one bulk reduction per warpgroup and
+//                               query step, in the accumulator's order).
 //                               Warp layout: FlashAttention-2's on sm_90
 //                               (kFa2), 16 keys per warp on sm_80.
 //   kcache_attn_bwd_dq          deterministic mode: one CTA per (128 query
 //                               rows, query head, batch) recomputes P and
 //                               dP over its visible key steps and writes dQ
 //                               once, with no atomics.
-//   kcache_attn_bwd_dq_convert  atomic mode: dq = dq_accum in the dtype.
+//   kcache_attn_bwd_dq_convert  atomic mode: dq = dq_accum in the dtype
+//                               (undoing sm_90a's order of whole steps).
 // Block sparsity mirrors the forward: causal and sliding-window masks walk
 // an analytic range of tiles; document, drafter and expression masks build
 // a list of non-empty tiles (the dK/dV kernel's list is transposed: query
@@ -140,11 +143,49 @@ __device__ __forceinline__ void cp_async4(unsigned dst, const void* src, bool pr
                : "memory");
 }
 
+// dst[0..1] += (x, y), as one vector reduction in L2 (sm_90+).
+__device__ __forceinline__ void red_add_v2(float* dst, float x, float y) {
+  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(dst), "f"(x), "f"(y) : "memory");
+}
+
 // dst[0..3] += v, as one vector reduction in L2 (sm_90+).
 __device__ __forceinline__ void red_add_v4(float* dst, const float (&v)[4]) {
   asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(dst), "f"(v[0]), "f"(v[1]),
                "f"(v[2]), "f"(v[3])
                : "memory");
+}
+
+// Bulk (TMA-unit) reduction of `bytes` from shared memory into global fp32,
+// tracked by this thread's bulk async-group (sm_90).
+__device__ __forceinline__ void bulk_reduce_add_f32(float* dst, unsigned src, int bytes) {
+  asm volatile(
+      "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n"
+      "cp.async.bulk.commit_group;\n" ::"l"(dst),
+      "r"(src), "r"(bytes)
+      : "memory");
+}
+// This thread's bulk groups have read their shared memory (it may be reused).
+__device__ __forceinline__ void bulk_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+}
+// This thread's bulk groups are complete.
+__device__ __forceinline__ void bulk_wait_all() {
+  asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+}
+
+__device__ __forceinline__ void st_shared_v4(unsigned addr, const float (&v)[4]) {
+  asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "f"(v[0]), "f"(v[1]),
+               "f"(v[2]), "f"(v[3])
+               : "memory");
+}
+
+__device__ __forceinline__ float4 ld_shared_v4(unsigned addr) {
+  float4 v;
+  asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+               : "r"(addr)
+               : "memory");
+  return v;
 }
 
 __device__ __forceinline__ void st_shared_u32(unsigned addr, unsigned v) {
@@ -738,6 +779,37 @@ extern "C" __global__ void __launch_bounds__(kcache::kAttnBwdAuxThreads)
   const long long row = (static_cast<long long>(b) * p.num_q_heads + h) * p.q_len + m0;
   const float2* acc = reinterpret_cast<const float2*>(p.dq_accum + row * kDQK);
   elem_t* dq = static_cast<elem_t*>(p.dq) + b * p.dq_stride_b + h * p.dq_stride_h;
+  if constexpr (kWg) {
+    if (rows == kAttnBwdRowsPerCta) {
+      // A whole query step, in the wgmma dK/dV kernel's staging order (wg_dq):
+      // float4 f = (column block j = 8 (64-column half) + n8 block, thread t of
+      // the warpgroup) holds rows r, r + 8 x columns c, c + 1 of the
+      // accumulator fragment. Read in that order and written row-major through
+      // shared memory, so that both sides are coalesced (rows padded by 8
+      // floats: the 8 rows of a warp's stores fall on different banks).
+      static_assert(!kWg || kAttnBwdRowsPerCta == kBM, "one dq_convert CTA per query step");
+      constexpr int kPad = kDQK + 8;
+      __shared__ __align__(16) float tile[kAttnBwdRowsPerCta * kPad];
+      const float4* acc4 = reinterpret_cast<const float4*>(acc);
+      for (int f = threadIdx.x; f < rows * kDQK / 4; f += kAttnBwdAuxThreads) {
+        const int j = f >> 7, t = f & 127;
+        const int r = 16 * (t >> 5) + ((t & 31) >> 2);
+        const int c = 64 * (j >> 3) + 8 * (j & 7) + 2 * (t & 3);
+        const float4 v = acc4[f];
+        *reinterpret_cast<float2*>(tile + r * kPad + c) = make_float2(v.x, v.y);
+        *reinterpret_cast<float2*>(tile + (r + 8) * kPad + c) = make_float2(v.z, v.w);
+      }
+      __syncthreads();
+      for (int i = threadIdx.x; i < rows * kDQK / 4; i += kAttnBwdAuxThreads) {
+        const int r = i / (kDQK / 4);
+        const int c = (i % (kDQK / 4)) * 4;
+        const float4 v = *reinterpret_cast<const float4*>(tile + r * kPad + c);
+        *reinterpret_cast<uint2*>(dq + (m0 + r) * p.dq_stride_s + c) =
+            make_uint2(pack2(v.x, v.y), pack2(v.z, v.w));
+      }
+      return;
+    }
+  }
   for (int i = threadIdx.x; i < rows * kDQK / 2; i += kAttnBwdAuxThreads) {
     const int r = i / (kDQK / 2);
     const int c = (i % (kDQK / 2)) * 2;
@@ -796,14 +868,17 @@ extern "C" __global__ void __launch_bounds__(KC_BWD_NUM_WARPS * 32, 256 / (KC_BW
   const unsigned sQ = sV + kBN * kDV * 2;
   constexpr int kSB = kBN * kBM * 2;
   const unsigned sS = sQ + 2 * (kQB + kOB);  // kDsBufs dS^T [key][query] tiles
-  const unsigned sLse = sS + kDsBufs * kSB;  // [2][kBM] float, then delta [2][kBM]
+  // kWg: [2 warpgroups][8 column blocks][128 threads] float4 of dQ partials (wg_dq).
+  const unsigned sDq = sS + kDsBufs * kSB;
+  constexpr int kDqStage = AttentionBwdDqStageBytes(kBM, kWg);
+  const unsigned sLse = sDq + kDqStage;  // [2][kBM] float, then delta [2][kBM]
   const unsigned sDel = sLse + 2 * kBM * 4;
   unsigned char* const base = sbase + (sDel + 2 * kBM * 4 - sK);
   int4* rowdata = reinterpret_cast<int4*>(base);  // [2][kBM]
   unsigned* list = reinterpret_cast<unsigned*>(base + 2 * kBM * 16);
   int* misc = reinterpret_cast<int*>(base + 2 * kBM * 16 + 4 * kList);
   static_assert(2 * kQB + 2 * kOB + kBN * (kDQK + kDV) * 2 + kDsBufs * kSB + 2 * kBM * 8 +
-                        2 * kBM * 16 + 4 * kList + 16 + (kWg ? 1024 : 0) ==
+                        2 * kBM * 16 + 4 * kList + 16 + (kWg ? 1024 : 0) + kDqStage ==
                     AttentionBwdDkdvSmemBytes(KC_ARCH, kBM, kBN, kDQK, kDV, kWg),
                 "shared-memory layout out of step with attention_tiles.h");
   const float* lse_s = reinterpret_cast<const float*>(sbase + (sLse - sK));
@@ -1100,54 +1175,66 @@ extern "C" __global__ void __launch_bounds__(KC_BWD_NUM_WARPS * 32, 256 / (KC_BW
 
 #if KC_BWD_WGMMA && !KC_DETERMINISTIC
   // kWg: dQ = dS K of the item at (query head hq, rows m0) from the dS^T tile this
-  // step's warpgroups wrote (their dV/dK wgmmas may still run), waited, reduced.
+  // step's warpgroups wrote (their dV/dK wgmmas may still run), waited, then
+  // added to dq_accum. A whole query step's rows are one contiguous block of
+  // dq_accum: each warpgroup stages its 64 x 64 fp32 block in shared memory
+  // in the accumulator's own order (float4 j of thread t at [j][t], no bank
+  // conflicts) and one thread hands it to the TMA unit as a single bulk
+  // reduction, which drains while the next step runs (kcache_attn_bwd_dq_convert
+  // reads that order back). A last, partial step (q_len not a multiple of 64)
+  // adds its rows row-major with vector reductions instead.
+  const int wtid = tid & 127;
   auto wg_dq = [&](int hq, int m0) {
-    fence_proxy_async();  // dS^T stores -> wgmma reads
+    fence_proxy_async();              // dS^T stores -> wgmma reads
+    if (wtid == 0) bulk_wait_read();  // the last bulk reduction has left sDq
     if constexpr (kDQK == 128) {
       __syncthreads();  // both warpgroups' dS^T
     } else {
       named_bar_sync(1 + wg, 128);  // this warpgroup's dS^T
     }
-    {
-      // Head dim 128: columns 64 wg + [0, 64) over all kBN keys; 64: all
-      // columns over this warpgroup's keys. dS^T [key][query] is A read
-      // M-major (one 64-query block), K is B read N-major.
-      constexpr int kDqK16 = kDQK == 128 ? kBN / 16 : 4;
-      const unsigned a0 = kDQK == 128 ? sS : sS + wg * (64 * 128);
-      const unsigned b0 = kDQK == 128 ? sK + wg * (kBN * 128) : sK + wg * (64 * 128);
-      const unsigned long long da = smem_desc(a0, 64 * 128, 1024);
-      const unsigned long long db = smem_desc(b0, kBN * 128, 1024);
-      float qa[8][4];
-      wgmma_fence();
+    // Head dim 128: columns 64 wg + [0, 64) over all kBN keys; 64: all
+    // columns over this warpgroup's keys. dS^T [key][query] is A read
+    // M-major (one 64-query block), K is B read N-major.
+    constexpr int kDqK16 = kDQK == 128 ? kBN / 16 : 4;
+    const unsigned a0 = kDQK == 128 ? sS : sS + wg * (64 * 128);
+    const unsigned b0 = kDQK == 128 ? sK + wg * (kBN * 128) : sK + wg * (64 * 128);
+    const unsigned long long da = smem_desc(a0, 64 * 128, 1024);
+    const unsigned long long db = smem_desc(b0, kBN * 128, 1024);
+    float qa[8][4];
+    wgmma_fence();
 #pragma unroll
-      for (int kk = 0; kk < kDqK16; ++kk) {
-        wgmma_ss_tt(qa, da + ((kk * 16 * 128) >> 4), db + ((kk * 16 * 128) >> 4), kk > 0 ? 1 : 0);
-      }
-      wgmma_commit();
-      wgmma_wait<0>();
-      fence_regs(qa);
-      // Lanes t4 and t4 ^ 1 swap halves (as dq_swap): row 16 (warp % 4) + g + 8 odd,
-      // columns 8 nt + 2 (t4 & ~1) + [0, 4). Rows past q_len clamp to the last (dS = 0).
+    for (int kk = 0; kk < kDqK16; ++kk) {
+      wgmma_ss_tt(qa, da + ((kk * 16 * 128) >> 4), db + ((kk * 16 * 128) >> 4), kk > 0 ? 1 : 0);
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_regs(qa);
+    const unsigned stage = sDq + wg * (kDqStage / 2);
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt) st_shared_v4(stage + (nt * 128 + wtid) * 16, qa[nt]);
+    const bool whole = m0 + kBM <= q_len;
+    if (whole) fence_proxy_async();  // the staged partials -> the bulk reduction
+    named_bar_sync(3 + wg, 128);
+    float* const tile =
+        p.dq_accum + ((static_cast<long long>(b) * p.num_q_heads + hq) * q_len + m0) * kDQK;
+    if (whole) {
+      if (wtid == 0)
+        bulk_reduce_add_f32(tile + (kDQK == 128 ? wg * 64 * 64 : 0), stage, kDqStage / 2);
+    } else {
+      // Row-major, read back from the stage: lanes t4 and t4 ^ 1 swap halves
+      // (as dq_swap), so each adds four consecutive columns of row
+      // 16 (warp % 4) + g + 8 odd, columns 8 nt + 2 (t4 & ~1) + [0, 4). Rows
+      // past q_len clamp to the last (their dS is 0).
+      const int r = imin((warp & 3) * 16 + g + 8 * odd, q_len - 1 - m0);
+      float* const dst = tile + r * kDQK + (kDQK == 128 ? 64 * wg : 0) + 2 * (t4 & ~1);
 #pragma unroll
       for (int nt = 0; nt < 8; ++nt) {
-        const float s0 = odd ? qa[nt][0] : qa[nt][2];
-        const float s1 = odd ? qa[nt][1] : qa[nt][3];
-        const float x0 = __shfl_xor_sync(0xffffffffu, s0, 1);
-        const float x1 = __shfl_xor_sync(0xffffffffu, s1, 1);
-        if (odd) {
-          qa[nt][0] = x0;
-          qa[nt][1] = x1;
-        } else {
-          qa[nt][2] = x0;
-          qa[nt][3] = x1;
-        }
+        const float4 v = ld_shared_v4(stage + (nt * 128 + wtid) * 16);
+        const float x0 = __shfl_xor_sync(0xffffffffu, odd ? v.x : v.z, 1);
+        const float x1 = __shfl_xor_sync(0xffffffffu, odd ? v.y : v.w, 1);
+        const float w[4] = {odd ? x0 : v.x, odd ? x1 : v.y, odd ? v.z : x0, odd ? v.w : x1};
+        red_add_v4(dst + nt * 8, w);
       }
-      const int r = imin((warp & 3) * 16 + g + 8 * odd, q_len - 1 - m0);
-      float* const dst =
-          p.dq_accum + ((static_cast<long long>(b) * p.num_q_heads + hq) * q_len + m0 + r) * kDQK +
-          (kDQK == 128 ? 64 * wg : 0) + 2 * (t4 & ~1);
-#pragma unroll
-      for (int nt = 0; nt < 8; ++nt) red_add_v4(dst + nt * 8, qa[nt]);
     }
   };
 #endif
@@ -1477,6 +1564,9 @@ extern "C" __global__ void __launch_bounds__(KC_BWD_NUM_WARPS * 32, 256 / (KC_BW
     }
   }
   cp_async_wait<0>();
+#if KC_BWD_WGMMA && !KC_DETERMINISTIC
+  if (wtid == 0) bulk_wait_all();  // sDq read before the CTA's shared memory goes
+#endif
 #if !KC_DETERMINISTIC
   if constexpr (kDqLag) {
     if (n_items > 0) {

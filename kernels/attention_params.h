@@ -60,7 +60,7 @@ struct AttentionParams {
   void* dq;          // like q
   void* dk;          // like k
   void* dv;          // like v
-  float* dq_accum;   // fp32 scratch [batch, num_q_heads, q_len, head_dim_qk]
+  float* dq_accum;   // fp32 scratch of batch * num_q_heads * q_len * head_dim_qk (kernels' order)
   float* delta;      // fp32 scratch [batch, num_q_heads, q_len]: rowsum(dO*O)
   kc_i64 do_stride_b, do_stride_h, do_stride_s;
   kc_i64 dq_stride_b, dq_stride_h, dq_stride_s;
