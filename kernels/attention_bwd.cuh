@@ -829,6 +829,34 @@ extern "C" __global__ void __launch_bounds__(128)
 }
 #endif
 
+#if KC_BWD_WGMMA && !KC_DETERMINISTIC
+// A partial last query step's dQ partials (wg_dq), staged at `stage` (this
+// thread's float4 j at stage + 2048 j), added row-major into `dst` (the step's
+// first row, this warpgroup's columns): lanes t4 and t4 ^ 1 swap halves (as
+// dq_swap), so each adds four consecutive columns of row r0 + 8 (t4 & 1),
+// columns 8 j + 2 (t4 & ~1) + [0, 4); rows at or past `rows` clamp to the
+// last (their dS is 0). Out of line: the common path (bulk) then keeps the
+// registers that this rarely taken one would hold (the softcap dK/dV spilled
+// 56 B with it inlined).
+namespace kcache {
+namespace attn_bwd {
+__device__ __noinline__ void dq_add_rows(float* dst, unsigned stage, int r0, int rows, int t4) {
+  const int odd = t4 & 1;
+  const int r = imin(r0 + 8 * odd, rows - 1);
+  float* const d = dst + r * kDQK + 2 * (t4 & ~1);
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const float4 v = ld_shared_v4(stage + j * 2048);
+    const float x0 = __shfl_xor_sync(0xffffffffu, odd ? v.x : v.z, 1);
+    const float x1 = __shfl_xor_sync(0xffffffffu, odd ? v.y : v.w, 1);
+    const float w[4] = {odd ? x0 : v.x, odd ? x1 : v.y, odd ? v.z : x0, odd ? v.w : x1};
+    red_add_v4(d + j * 8, w);
+  }
+}
+}  // namespace attn_bwd
+}  // namespace kcache
+#endif
+
 // ---------------------------------------------------------------------------
 // dK, dV (and dQ by atomics unless deterministic).
 // Grid (ceil(kv_len / KC_BWD_BLOCK_N), num_kv_heads, batch); KC_BWD_NUM_WARPS * 32 threads.
@@ -1221,20 +1249,8 @@ extern "C" __global__ void __launch_bounds__(KC_BWD_NUM_WARPS * 32, 256 / (KC_BW
       if (wtid == 0)
         bulk_reduce_add_f32(tile + (kDQK == 128 ? wg * 64 * 64 : 0), stage, kDqStage / 2);
     } else {
-      // Row-major, read back from the stage: lanes t4 and t4 ^ 1 swap halves
-      // (as dq_swap), so each adds four consecutive columns of row
-      // 16 (warp % 4) + g + 8 odd, columns 8 nt + 2 (t4 & ~1) + [0, 4). Rows
-      // past q_len clamp to the last (their dS is 0).
-      const int r = imin((warp & 3) * 16 + g + 8 * odd, q_len - 1 - m0);
-      float* const dst = tile + r * kDQK + (kDQK == 128 ? 64 * wg : 0) + 2 * (t4 & ~1);
-#pragma unroll
-      for (int nt = 0; nt < 8; ++nt) {
-        const float4 v = ld_shared_v4(stage + (nt * 128 + wtid) * 16);
-        const float x0 = __shfl_xor_sync(0xffffffffu, odd ? v.x : v.z, 1);
-        const float x1 = __shfl_xor_sync(0xffffffffu, odd ? v.y : v.w, 1);
-        const float w[4] = {odd ? x0 : v.x, odd ? x1 : v.y, odd ? v.z : x0, odd ? v.w : x1};
-        red_add_v4(dst + nt * 8, w);
-      }
+      dq_add_rows(tile + (kDQK == 128 ? 64 * wg : 0), stage + wtid * 16, (warp & 3) * 16 + g,
+                  q_len - m0, t4);
     }
   };
 #endif
