@@ -1205,27 +1205,33 @@ extern "C" __global__ void __launch_bounds__(KC_BWD_NUM_WARPS * 32, 256 / (KC_BW
   // kWg: dQ = dS K of the item at (query head hq, rows m0) from the dS^T tile this
   // step's warpgroups wrote (their dV/dK wgmmas may still run), waited, then
   // added to dq_accum. A whole query step's rows are one contiguous block of
-  // dq_accum: each warpgroup stages its 64 x 64 fp32 block in shared memory
+  // dq_accum: a warpgroup stages its 64 x 64 fp32 block in shared memory
   // in the accumulator's own order (float4 j of thread t at [j][t], no bank
   // conflicts) and one thread hands it to the TMA unit as a single bulk
   // reduction, which drains while the next step runs (kcache_attn_bwd_dq_convert
   // reads that order back). A last, partial step (q_len not a multiple of 64)
   // adds its rows row-major with vector reductions instead.
   const int wtid = tid & 127;
-  auto wg_dq = [&](int hq, int m0) {
+  // Head dim 64: one warpgroup per step, alternating, computes the whole
+  // 64 x 64 dQ over all kBN keys, so that a step adds one block to dq_accum
+  // rather than one per warpgroup over its own keys (causal B8 H32 S2048 D64
+  // dK/dV 1.570 -> 1.338 ms on an H200).
+  auto wg_dq = [&](int hq, int m0, int it) {
     fence_proxy_async();              // dS^T stores -> wgmma reads
     if (wtid == 0) bulk_wait_read();  // the last bulk reduction has left sDq
-    if constexpr (kDQK == 128) {
-      __syncthreads();  // both warpgroups' dS^T
-    } else {
-      named_bar_sync(1 + wg, 128);  // this warpgroup's dS^T
+    __syncthreads();                  // both warpgroups' dS^T
+    if constexpr (kDQK == 64) {
+      if (wg != (it & 1)) {
+        wgmma_wait<0>();  // its dV / dK (their A registers, the Q / dO stage)
+        return;
+      }
     }
-    // Head dim 128: columns 64 wg + [0, 64) over all kBN keys; 64: all
-    // columns over this warpgroup's keys. dS^T [key][query] is A read
-    // M-major (one 64-query block), K is B read N-major.
-    constexpr int kDqK16 = kDQK == 128 ? kBN / 16 : 4;
-    const unsigned a0 = kDQK == 128 ? sS : sS + wg * (64 * 128);
-    const unsigned b0 = kDQK == 128 ? sK + wg * (kBN * 128) : sK + wg * (64 * 128);
+    // Columns 64 wg + [0, 64) (head dim 128) or all 64, over all kBN keys.
+    // dS^T [key][query] is A read M-major (one 64-query block), K is B read
+    // N-major.
+    constexpr int kDqK16 = kBN / 16;
+    const unsigned a0 = sS;
+    const unsigned b0 = sK + (kDQK == 128 ? wg * (kBN * 128) : 0);
     const unsigned long long da = smem_desc(a0, 64 * 128, 1024);
     const unsigned long long db = smem_desc(b0, kBN * 128, 1024);
     float qa[8][4];
@@ -1395,7 +1401,7 @@ extern "C" __global__ void __launch_bounds__(KC_BWD_NUM_WARPS * 32, 256 / (KC_BW
         wgmma_commit();
       }
 #if !KC_DETERMINISTIC
-      wg_dq(hq, m0);
+      wg_dq(hq, m0, it);
 #else
       wgmma_wait<0>();
 #endif
@@ -1553,7 +1559,7 @@ extern "C" __global__ void __launch_bounds__(KC_BWD_NUM_WARPS * 32, 256 / (KC_BW
         wgmma_commit();
       }
 #if !KC_DETERMINISTIC
-      wg_dq(hq, m0);
+      wg_dq(hq, m0, it);
 #else
       wgmma_wait<0>();
 #endif
