@@ -89,10 +89,10 @@ constexpr int kList = kAttnBwdMaxList;
 //   dV += P^T dO and dK += dS^T Q: A = P^T / dS^T from registers, B = dO / Q
 //     read N-major (transposed),
 //   dQ = dS K (unless deterministic): A = dS^T in shared memory read
-//     M-major, B = K N-major; head dim 128: warpgroup w computes columns
-//     64 w + [0, 64) over all 128 keys (a CTA barrier after dS^T); head dim
-//     64: warpgroup w all 64 columns over its own 64 keys (a warpgroup
-//     barrier; twice the dQ reductions).
+//     M-major, B = K N-major, over all 128 keys (a CTA barrier after dS^T);
+//     head dim 128: warpgroup w computes columns 64 w + [0, 64); head dim
+//     64: one warpgroup per step, alternating, all 64 columns. Each 64 x 64
+//     block goes to dq_accum as one bulk reduction (wg_dq).
 // K, V, Q and dO live in wgmma's 128-byte-swizzled layout; the deterministic
 // mode's dQ kernel stays mma.sync.
 #ifndef KC_BWD_WGMMA
