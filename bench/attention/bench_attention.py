@@ -102,10 +102,12 @@ def tile_variants(d):
     return out
 
 
-def flex_block_mask(mask, B, Lq, Lkv, drafter, res):
+def flex_block_mask(mask, B, Lq, Lkv, drafter, res, compiled=True):
     """flex_attention's block mask for a case, built once (outside any timed region); for
-    the drafter also the time a compiled create_block_mask takes per step (anchors change
-    every step) into res["flex_block_mask_ms"]."""
+    the drafter also the time a create_block_mask takes per step (anchors change every
+    step) into res["flex_block_mask_ms"] (compiled) or res["flex_block_mask_eager_ms"].
+    compiled=False (--flex-mask eager) skips the mask builder's compile, minutes on the
+    drafter shape: the block mask, and so flex's kernel times, are the same."""
     from torch.nn.attention.flex_attention import create_block_mask
     if mask == "causal":
         def mm(b, h, qi, ki):
@@ -122,9 +124,9 @@ def flex_block_mask(mask, B, Lq, Lkv, drafter, res):
         ctx = (ki < S) & (ki < a)
         own = (ki >= S + j * Bk) & (ki < S + (j + 1) * Bk)
         return ctx | own
-    bm = create_block_mask(mm, B, None, Lq, Lkv, device="cuda", _compile=True)
-    res["flex_block_mask_ms"] = time_ms(
-        lambda: create_block_mask(mm, B, None, Lq, Lkv, device="cuda", _compile=True),
+    bm = create_block_mask(mm, B, None, Lq, Lkv, device="cuda", _compile=compiled)
+    res["flex_block_mask_ms" if compiled else "flex_block_mask_eager_ms"] = time_ms(
+        lambda: create_block_mask(mm, B, None, Lq, Lkv, device="cuda", _compile=compiled),
         warmup=2, rep=10)
     return bm
 
@@ -176,7 +178,7 @@ def run_case(name, B, Hq, Hkv, Lq, Lkv, D, mask, args, rows, drafter=None):
         try:
             from torch.nn.attention.flex_attention import flex_attention
             flex = torch.compile(flex_attention, dynamic=False)
-            bm = flex_block_mask(mask, B, Lq, Lkv, drafter, res)
+            bm = flex_block_mask(mask, B, Lq, Lkv, drafter, res, args.flex_mask == "compiled")
             gqa = Hq != Hkv
             fo = flex(q, k, v, block_mask=bm, enable_gqa=gqa)
             res["flex"] = time_ms(lambda: flex(q, k, v, block_mask=bm, enable_gqa=gqa))
@@ -275,7 +277,7 @@ def run_case_bwd(name, B, Hq, Hkv, Lq, Lkv, D, mask, args, rows, drafter=None):
         try:
             from torch.nn.attention.flex_attention import flex_attention
             flex = torch.compile(flex_attention, dynamic=False)
-            bm = flex_block_mask(mask, B, Lq, Lkv, drafter, res)
+            bm = flex_block_mask(mask, B, Lq, Lkv, drafter, res, args.flex_mask == "compiled")
             gqa = Hq != Hkv
             f = fwd_bwd(lambda a, b_, c_: flex(a, b_, c_, block_mask=bm, enable_gqa=gqa),
                         q, k, v, dout)
@@ -620,6 +622,10 @@ def main():
     ap.add_argument("--tiles", default=None,
                     help="with --expr: extra forward tilings to time, ARCH:BMxBNxWARPSxSTAGES,... "
                     "(e.g. sm_90a:64x64x4x2; a +det suffix: the deterministic backward)")
+    ap.add_argument("--flex-mask", choices=("compiled", "eager"), default="compiled",
+                    help="how flex's drafter block mask is built: compiled (the per-step "
+                    "figure trainers would see; its first compile takes minutes) or eager "
+                    "(same mask, so the same flex kernel times, without that compile)")
     ap.add_argument("--expr", action="store_true",
                     help="the expression-mask cases (issue 28): drafter_expr, drafter_expr_random, "
                     "neighbourhood_expr, head_window_expr (or --only)")
