@@ -143,11 +143,6 @@ __device__ __forceinline__ void cp_async4(unsigned dst, const void* src, bool pr
                : "memory");
 }
 
-// dst[0..1] += (x, y), as one vector reduction in L2 (sm_90+).
-__device__ __forceinline__ void red_add_v2(float* dst, float x, float y) {
-  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(dst), "f"(x), "f"(y) : "memory");
-}
-
 // dst[0..3] += v, as one vector reduction in L2 (sm_90+).
 __device__ __forceinline__ void red_add_v4(float* dst, const float (&v)[4]) {
   asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(dst), "f"(v[0]), "f"(v[1]),
