@@ -476,6 +476,15 @@ def run_expr_case(name, args, rows):
             src = re.sub(r"^#define KC_%s \d+$" % key, "#define KC_%s %d" % (key, val), src,
                          flags=re.M)
         variants.append(("expr_%s_%s" % (a, dims), K.generated_spec(src), None))
+    if args.define:
+        # A/B of a measurement switch: the sm_90a generated translation unit again with
+        # the defines first (the kernels' switches are #ifndef-guarded), once per set, in
+        # order; an empty set times the default again (interleaved runs: A;;A;).
+        for n, defs in enumerate(args.define.split(";")):
+            head = "".join("#define %s %s\n" % tuple(d.split("=", 1))
+                           for d in defs.split(",") if d)
+            variants.append(("expr_sm_90a+%s#%d" % (defs or "default", n), K.generated_spec(
+                head + E.load_source(base, "sm_90a")), None))
     if drafter is not None:
         for a, sm90a in (("sm_90", False), ("sm_90a", True)):
             variants.append(("builtin_" + a, bwd_spec(D, "drafter", K.select_tiles(90, D, D, sm90a),
@@ -622,6 +631,10 @@ def main():
     ap.add_argument("--tiles", default=None,
                     help="with --expr: extra forward tilings to time, ARCH:BMxBNxWARPSxSTAGES,... "
                     "(e.g. sm_90a:64x64x4x2; a +det suffix: the deterministic backward)")
+    ap.add_argument("--define", default=None,
+                    help="with --expr: also time the sm_90a generated kernels with these "
+                    "defines first, NAME=VALUE,... (a measurement switch's other side); "
+                    "several sets separated by ';', an empty one the default again")
     ap.add_argument("--flex-mask", choices=("compiled", "eager"), default="compiled",
                     help="how flex's drafter block mask is built: compiled (the per-step "
                     "figure trainers would see; its first compile takes minutes) or eager "

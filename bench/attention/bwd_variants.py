@@ -52,7 +52,7 @@ for (r, err) in K.compile_many(specs, jobs=16):
 import torch
 
 
-def time_ms(fn, warmup=3, rep=20):
+def time_ms(fn, warmup=int(os.environ.get("WARMUP", "3")), rep=int(os.environ.get("REPS", "20"))):
     for _ in range(warmup): fn()
     torch.cuda.synchronize()
     evs = []
