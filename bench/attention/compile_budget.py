@@ -3,7 +3,11 @@
 attention modules, compiled in process on this machine (no GPU needed), one process per
 module so that each peak RSS is its own.
 
-  python3 bench/attention/compile_budget.py
+  python3 bench/attention/compile_budget.py [--repeat N]
+
+--repeat N compiles each module N times (each in its own process, the modules interleaved)
+and prints the minimum CPU and wall time, the largest CPU time beside it, and the largest
+peak RSS: on a shared machine single runs vary by +-15 % (2026-12-02).
 """
 import os
 import resource
@@ -30,18 +34,33 @@ def one(name, backward):
                            sm90a=True, backward=backward)
     wall, cpu = time.time(), time.process_time()
     K.nvrtc_compile(K.prelude(spec), arch=spec["arch"], sm90a=True)
-    print("%-20s %-16s cpu %5.2f s  wall %5.2f s  peak RSS %4d MB" % (
-        name, "forward+backward" if backward else "forward", time.process_time() - cpu,
-        time.time() - wall, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024))
+    print("%.4f %.4f %d" % (time.process_time() - cpu, time.time() - wall,
+                            resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024))
 
 
 def main():
-    if len(sys.argv) == 3:
-        one(sys.argv[1], sys.argv[2] == "1")
+    if len(sys.argv) == 4 and sys.argv[1] == "--one":
+        one(sys.argv[2], sys.argv[3] == "1")
         return 0
-    print("sm_90a, bf16, D128; load average %.1f" % os.getloadavg()[0])
-    for name, bwd in CASES:
-        subprocess.run([sys.executable, __file__, name, "1" if bwd else "0"], check=True)
+    repeat = 1
+    if len(sys.argv) == 3 and sys.argv[1] == "--repeat":
+        repeat = int(sys.argv[2])
+    elif len(sys.argv) != 1:
+        print(__doc__.strip(), file=sys.stderr)
+        return 2
+    print("sm_90a, bf16, D128; load average %.1f%s" % (
+        os.getloadavg()[0], "; min of %d runs" % repeat if repeat > 1 else ""))
+    runs = {case: [] for case in CASES}
+    for _ in range(repeat):
+        for name, bwd in CASES:
+            out = subprocess.run([sys.executable, __file__, "--one", name, "1" if bwd else "0"],
+                                 check=True, capture_output=True, text=True).stdout.split()
+            runs[(name, bwd)].append((float(out[0]), float(out[1]), int(out[2])))
+    for (name, bwd), r in runs.items():
+        spread = " (max cpu %5.2f s)" % max(x[0] for x in r) if repeat > 1 else ""
+        print("%-20s %-16s cpu %5.2f s  wall %5.2f s  peak RSS %4d MB%s" % (
+            name, "forward+backward" if bwd else "forward", min(x[0] for x in r),
+            min(x[1] for x in r), max(x[2] for x in r), spread))
     return 0
 
 
