@@ -643,6 +643,9 @@ def main():
                     help="the expression-mask cases (issue 28): drafter_expr, drafter_expr_random, "
                     "neighbourhood_expr, head_window_expr (or --only)")
     args = ap.parse_args()
+    if args.define and any("=" not in d for defs in args.define.split(";")
+                           for d in defs.split(",") if d):
+        ap.error("--define: each define is NAME=VALUE (sets separated by ';', defines by ',')")
     global torch
     if args.expr:
         import torch as _t

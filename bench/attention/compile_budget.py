@@ -43,7 +43,8 @@ def main():
         one(sys.argv[2], sys.argv[3] == "1")
         return 0
     repeat = 1
-    if len(sys.argv) == 3 and sys.argv[1] == "--repeat":
+    if len(sys.argv) == 3 and sys.argv[1] == "--repeat" and sys.argv[2].isdigit() \
+            and int(sys.argv[2]) >= 1:
         repeat = int(sys.argv[2])
     elif len(sys.argv) != 1:
         print(__doc__.strip(), file=sys.stderr)

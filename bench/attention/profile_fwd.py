@@ -21,7 +21,8 @@ import kc_attn as K  # noqa: E402
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("case")
+    ap.add_argument("case", choices=("causal_d128", "none_d128", "head_window_expr",
+                                     "neighbourhood_expr", "drafter_expr"))
     ap.add_argument("--backward", action="store_true")
     ap.add_argument("--launches", type=int, default=4)
     args = ap.parse_args()
