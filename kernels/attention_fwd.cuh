@@ -59,6 +59,13 @@ static_assert(kcache::AttentionTilesLegal(kcache::AttentionTiles{KC_BLOCK_M, KC_
 #ifndef KC_EXPR_MASK_TILE
 #define KC_EXPR_MASK_TILE 0
 #endif
+// Query rows per tile class (kcache::AttentionClassBlockM): the backward's
+// block_m when the forward's classification also serves the backward.
+#ifndef KC_CLASS_BLOCK_M
+#define KC_CLASS_BLOCK_M KC_BLOCK_M
+#endif
+static_assert(KC_CLASS_BLOCK_M > 0 && KC_BLOCK_M % KC_CLASS_BLOCK_M == 0,
+              "tile classes must divide the forward's query tile");
 #endif
 #ifndef KC_EXPR_MASK_ROW  // outside the block above: KC_MASK_ROW_DATA reads it for every mask
 #define KC_EXPR_MASK_ROW 0
@@ -745,13 +752,25 @@ extern "C" __global__ void __launch_bounds__(KC_NUM_WARPS * 32)
   for (int r = tid; r < kBM; r += kThreads) rowdata[r] = kc_expr_mask_row(b, h, m0 + r, p);
 #endif
   if (use_list) {
+    // kClassRows class rows per query tile (one unless the classes are the
+    // backward's, KC_CLASS_BLOCK_M): a tile is empty or full only if each of
+    // its rows' classes says so; rows past q_len have no class row.
+    constexpr int kClassRows = kBM / KC_CLASS_BLOCK_M;
+    const int class_rows = imin(kClassRows, (q_len - m0 + KC_CLASS_BLOCK_M - 1) / KC_CLASS_BLOCK_M);
     const kc_i8* row = p.tile_class == nullptr
                            ? nullptr
                            : p.tile_class + (KC_EXPR_MASK_READS_B ? b : 0) * p.tile_class_stride_b +
                                  (KC_EXPR_MASK_READS_H ? h : 0) * p.tile_class_stride_h +
-                                 mtile * p.tile_class_stride_m;
+                                 mtile * kClassRows * p.tile_class_stride_m;
     for (int t = tid; t < n_kv_tiles; t += kThreads) {
-      const int c = row == nullptr ? 1 : static_cast<int>(row[t]);
+      int c = 1;
+      if (row != nullptr) {
+        c = static_cast<int>(row[t]);
+#pragma unroll
+        for (int r = 1; r < kClassRows; ++r) {
+          if (r < class_rows && static_cast<int>(row[r * p.tile_class_stride_m + t]) != c) c = 1;
+        }
+      }
       tile_list[t] = static_cast<unsigned short>(c < 0 ? 1 : (c > 2 ? 1 : c));
     }
   }
@@ -1488,6 +1507,6 @@ __device__ __forceinline__ void classify_expr_tiles(const AttentionParams& p) {
 
 extern "C" __global__ void __launch_bounds__(128)
     kcache_attn_mask_build(const __grid_constant__ kcache::AttentionParams p) {
-  kcache::attn_fwd::classify_expr_tiles<KC_BLOCK_M, KC_BLOCK_N>(p);
+  kcache::attn_fwd::classify_expr_tiles<KC_CLASS_BLOCK_M, KC_BLOCK_N>(p);
 }
 #endif

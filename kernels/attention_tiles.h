@@ -211,4 +211,18 @@ KC_TILES_HD constexpr AttentionBwdTiles SelectAttentionBwdTiles(int arch, int he
   return t.smem_dkdv <= limit && t.smem_dq <= limit ? t : zero;
 }
 
+// Query rows per tile class of an expression mask's forward classification
+// (kcache_attn_mask_build, KC_CLASS_BLOCK_M). With a backward whose tiles
+// refine the forward's (same block_n, block_m a multiple of the backward's),
+// the forward classifies with the backward's tiles and reads block_m /
+// class_block_m class rows per query tile, so that one classification serves
+// the forward and the backward of a call (issue 28; docs/kernel-contract.md).
+// Otherwise the forward's own block_m.
+KC_TILES_HD constexpr int AttentionClassBlockM(const AttentionTiles& fwd,
+                                               const AttentionBwdTiles& bwd, bool backward) {
+  return backward && bwd.block_m > 0 && bwd.block_n == fwd.block_n && fwd.block_m % bwd.block_m == 0
+             ? bwd.block_m
+             : fwd.block_m;
+}
+
 }  // namespace kcache

@@ -503,12 +503,10 @@ def run_expr_case(name, args, rows):
             else:
                 for i, t in bufs.items():
                     K.set_buffer(p, i, t)
-                mt, nt = -(-Lq // kern.block_m), -(-Lkv // kern.block_n)
-                tc = torch.full((B, Hq, mt, nt), 77, device="cuda", dtype=torch.int8)
-                p.tile_class = tc.data_ptr()
-                p.tile_class_stride_b, p.tile_class_stride_h, p.tile_class_stride_m = \
-                    tc.stride()[:3]
-            bl = kern.prepare_backward(p, dout, dq, dk, dv)
+                tc = kern.new_tile_classes(p)
+            # The forward's classes serve the backward where the kernel allows it (as
+            # kcache's client runs them): one classification per forward + backward.
+            bl = kern.prepare_backward(p, dout, dq, dk, dv, classes=tc)
 
             def fwd(kern=kern, p=p, tc=tc):
                 if tc is not None:
@@ -529,6 +527,7 @@ def run_expr_case(name, args, rows):
                      ptxas={e: K.ptxas_summary(log, e) for e in (
                          "kcache_attn_fwd", "kcache_attn_mask_build", "kcache_attn_bwd_dkdv")})
             # Each backward launch alone (after a full run, so that its inputs are real).
+            x["classes_shared"] = not bl.own_build
             x["bwd_launch_ms"] = {
                 n.replace("kcache_attn_bwd_", ""): round(time_ms(
                     lambda n=n, g=g, t=t, sm=sm: kern._launch(kern.bwd[n], g, t, sm, bl.params)),
@@ -539,7 +538,8 @@ def run_expr_case(name, args, rows):
                 src = spec["source"]
                 rb = re.search(r"#define KC_EXPR_MASK_READS_B (\d)", src).group(1) == "1"
                 rh = re.search(r"#define KC_EXPR_MASK_READS_H (\d)", src).group(1) == "1"
-                want = tile_classes_ref(dense, B, Hq, Lq, Lkv, kern.block_m, kern.block_n, rb, rh)
+                want = tile_classes_ref(dense, B, Hq, Lq, Lkv, kern.class_block_m, kern.block_n,
+                                        rb, rh)
                 bad = sum(int((tc[b_, h_] != w).sum().item()) for (b_, h_), w in want.items())
                 x["class_mismatch"] = bad
                 x["class_hist"] = [int((want[(0, 0)] == c).sum().item()) for c in (0, 1, 2)]

@@ -55,14 +55,11 @@ def main():
         K.set_buffer(p, i, t)
     tc = None
     if expr:
-        tc = torch.empty((B, Hq, -(-Lq // kern.block_m), -(-Lkv // kern.block_n)),
-                         device="cuda", dtype=torch.int8)
-        p.tile_class = tc.data_ptr()
-        p.tile_class_stride_b, p.tile_class_stride_h, p.tile_class_stride_m = tc.stride()[:3]
+        tc = kern.new_tile_classes(p)
     bl = None
     if args.backward:
         bl = kern.prepare_backward(p, torch.randn_like(q), torch.empty_like(q),
-                                   torch.empty_like(k), torch.empty_like(v))
+                                   torch.empty_like(k), torch.empty_like(v), classes=tc)
     for _ in range(args.launches):
         if tc is not None:
             kern.launch_mask_build(p)

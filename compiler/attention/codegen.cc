@@ -212,6 +212,10 @@ absl::StatusOr<GeneratedSource> GenerateAttentionSource(const v1::AttentionSpec&
   Define(&src, "KC_RETURN_LSE", spec.return_lse() ? 1 : 0);
   Define(&src, "KC_BACKWARD", spec.backward() ? 1 : 0);
   Define(&src, "KC_DETERMINISTIC", spec.deterministic() ? 1 : 0);
+  // Expression masks: the forward's classification serves the backward too
+  // where the tiles allow (kernels/attention_tiles.h).
+  const int class_block_m = AttentionClassBlockM(*tiles, bwd, backward);
+  if (mask == KC_MASK_EXPR) Define(&src, "KC_CLASS_BLOCK_M", class_block_m);
   if (backward) {
     Define(&src, "KC_BWD_BLOCK_M", bwd.block_m);
     Define(&src, "KC_BWD_BLOCK_N", bwd.block_n);
@@ -260,7 +264,7 @@ absl::StatusOr<GeneratedSource> GenerateAttentionSource(const v1::AttentionSpec&
     build.set_role(v1::ENTRY_ROLE_MASK_BUILD);
     build.set_threads(128);
     build.set_dynamic_smem_bytes(0);
-    build.set_block_m(static_cast<uint32_t>(tiles->block_m));
+    build.set_block_m(static_cast<uint32_t>(class_block_m));
     build.set_block_n(static_cast<uint32_t>(tiles->block_n));
     out.entry_points.push_back(build);
   }

@@ -120,6 +120,8 @@ TEST(CodegenTest, ExprMaskAddsMaskBuildAndNeverPrintsClientStrings) {
   EXPECT_EQ(g->entry_points[1].name(), "kcache_attn_mask_build");
   EXPECT_EQ(g->entry_points[1].role(), v1::ENTRY_ROLE_MASK_BUILD);
   EXPECT_EQ(g->entry_points[1].threads(), 128u);
+  // Forward only: classes per forward tile.
+  EXPECT_EQ(g->entry_points[1].block_m(), static_cast<uint32_t>(g->tiles.block_m));
 }
 
 TEST(CodegenTest, TuningOverridesAndArchLegality) {
@@ -224,8 +226,15 @@ TEST(CodegenBackwardTest, EntryPointsRolesAndTilesFollowTheContract) {
                                             u(g->tiles.smem_bytes), u(g->tiles.block_m),
                                             u(g->tiles.block_n)}};
         if (expr) {
-          want.push_back({"kcache_attn_mask_build", v1::ENTRY_ROLE_MASK_BUILD, 128, 0,
-                          u(g->tiles.block_m), u(g->tiles.block_n)});
+          // One classification for forward and backward where the backward's
+          // tiles refine the forward's: sm_90a head dim 128 (128 x 128 forward
+          // tiles, 64 x 128 backward); the portable forward's 128 x 32 do not.
+          const uint32_t class_m = u(AttentionClassBlockM(g->tiles, t, true));
+          EXPECT_EQ(class_m, a.sm90a ? u(t.block_m) : u(g->tiles.block_m));
+          EXPECT_THAT(g->source,
+                      HasSubstr(absl::StrCat("#define KC_CLASS_BLOCK_M ", class_m, "\n")));
+          want.push_back({"kcache_attn_mask_build", v1::ENTRY_ROLE_MASK_BUILD, 128, 0, class_m,
+                          u(g->tiles.block_n)});
           want.push_back({"kcache_attn_bwd_mask_build", v1::ENTRY_ROLE_BACKWARD_MASK_BUILD, 128, 0,
                           u(t.block_m), u(t.block_n)});
         }

@@ -216,14 +216,17 @@ def run_case(torch, kern, spec, c, det_repeats):
     """Forward, then backward; returns (outputs dict, failure messages from the repeats)."""
     msgs = []
     hold = F.run_kernel(torch, kern, spec, c)  # our forward: fills c["o"], c["lse"]
-    del hold
+    # An expression mask's forward classes serve the backward where the kernel allows it
+    # (kern.shares_classes), as kcache's client runs them; the deterministic repeats
+    # below classify again (the backward's own mask build) and must match bit for bit.
+    classes = hold[-1] if spec["mask"] == "expr" else None
     p = K.make_params(c["q"], c["k"], c["v"], c["o"], c["lse"])
     K.set_mask_inputs(p, spec, c)
     (dq, dk, dv), backing = new_grads(torch, spec, c)
     bgrads = {}
     if trainable_bias(spec):
         bgrads[1] = torch.zeros_like(c["bias"])
-    bl = kern.prepare_backward(p, c["dout"], dq, dk, dv, buffer_grads=bgrads)
+    bl = kern.prepare_backward(p, c["dout"], dq, dk, dv, buffer_grads=bgrads, classes=classes)
     bl.run()
     torch.cuda.synchronize()
     out = dict(dQ=dq, dK=dk, dV=dv, backing=backing)

@@ -270,12 +270,7 @@ def run_kernel(torch, kern, spec, c):
         K.set_buffer(p, 0, c["prefix"])
         K.set_buffer(p, 1, c["bias"])
     if spec["mask"] == "expr":
-        bm, bn = spec["tiles"][0], spec["tiles"][1]
-        mt, nt = -(-c["Lq"] // bm), -(-c["Lkv"] // bn)
-        tc = torch.full((c["B"], c["Hq"], mt, max(nt, 1)), 77, device="cuda", dtype=torch.int8)
-        keep.append(tc)
-        p.tile_class = tc.data_ptr()
-        p.tile_class_stride_b, p.tile_class_stride_h, p.tile_class_stride_m = tc.stride()[:3]
+        keep.append(kern.new_tile_classes(p))  # keep[-1]: the classes (the backward reads them)
         kern.launch_mask_build(p)
     kern.launch(p)
     torch.cuda.synchronize()

@@ -146,11 +146,7 @@ def run_generated_kernel(torch, kern, spec, c):
     p = K.make_params(c["q"], c["k"], c["v"], c["o"], c["lse"])
     for i, t in c["buffers"].items():
         K.set_buffer(p, i, t)
-    bm, bn = spec["tiles"][0], spec["tiles"][1]
-    tc = torch.full((c["B"], c["Hq"], -(-c["Lq"] // bm), -(-c["Lkv"] // bn)), 77,
-                    device="cuda", dtype=torch.int8)
-    p.tile_class = tc.data_ptr()
-    p.tile_class_stride_b, p.tile_class_stride_h, p.tile_class_stride_m = tc.stride()[:3]
+    tc = kern.new_tile_classes(p)
     kern.launch_mask_build(p)
     kern.launch(p)
     torch.cuda.synchronize()

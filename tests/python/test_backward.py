@@ -30,7 +30,9 @@ def record(deterministic=False, mask=None, drop=()):
         entries.append(("kcache_attn_bwd_dq_convert", cuda.ENTRY_ROLE_BACKWARD_POSTPROCESS, 256,
                         0, 0, 0))  # no block_m: 64 rows per CTA
     if r.spec.mask.WhichOneof("kind") == "expr":
-        entries.append(("kcache_attn_mask_build", cuda.ENTRY_ROLE_MASK_BUILD, 128, 0, 128, 128))
+        # Classified with the backward's tiles (sm_90a head dim 128): one classification
+        # serves the forward and the backward.
+        entries.append(("kcache_attn_mask_build", cuda.ENTRY_ROLE_MASK_BUILD, 128, 0, 64, 128))
         entries.append(("kcache_attn_bwd_mask_build", cuda.ENTRY_ROLE_BACKWARD_MASK_BUILD, 128,
                         0, 64, 128))
     for name, role, threads, smem, bm, bn in entries:
@@ -73,6 +75,29 @@ def test_expression_masks_build_the_backward_tile_classes_first():
     assert got[0] == ("kcache_attn_bwd_mask_build", (16, 8, 3), 128, 0)
     assert [g[0] for g in got[1:]] == ["kcache_attn_bwd_preprocess", "kcache_attn_bwd_dkdv",
                                        "kcache_attn_bwd_dq_convert"]
+
+
+class _Tensor:  # what _shared_classes reads of a tensor
+    def __init__(self, *shape):
+        self.shape = shape
+
+
+def test_the_forwards_tile_classes_replace_the_backward_mask_build():
+    from kcache.attention import TileClasses
+    from kcache.autograd import _shared_classes
+    prefix = kcache.buffer("prefix", "int32")
+    mask = kcache.expr_mask((kcache.kv_idx < prefix[kcache.b]) | (kcache.kv_idx <= kcache.q_idx))
+    r = record(mask=mask)
+    got = names_and_grids(backward_launches(r, PLAN, have_classes=True))
+    assert [g[0] for g in got] == ["kcache_attn_bwd_preprocess", "kcache_attn_bwd_dkdv",
+                                   "kcache_attn_bwd_dq_convert"]
+    # [B, Hq, ceil(1000 / 64), ceil(1500 / 128)]: the backward's tiles.
+    good = _Tensor(3, 8, 16, 12)
+    assert _shared_classes(r, PLAN, TileClasses(r.key, good)) is good
+    assert _shared_classes(r, PLAN, None) is None
+    # Another record's classes, or classes of another shape: the backward classifies.
+    assert _shared_classes(r, PLAN, TileClasses(b"\x02" * 41, good)) is None
+    assert _shared_classes(r, PLAN, TileClasses(r.key, _Tensor(3, 8, 8, 12))) is None
 
 
 @pytest.mark.parametrize("drop, role", [
@@ -125,16 +150,17 @@ def test_autograd_function_plumbing(monkeypatch):
         calls.append(("fwd", spec.backward, spec.return_lse, spec.deterministic))
         assert lse and set(buffers) == {"bias"} and mask_inputs["anchors"] is None
         with torch.no_grad():
-            return ref(q, k, v, buffers["bias"]), torch.zeros(q.shape[:3])
+            return (ref(q, k, v, buffers["bias"]), torch.zeros(q.shape[:3])), "classes"
 
-    def fake_backward(spec, q, k, v, o, lse, dout, *, buffers, client, timeout, **mask_inputs):
-        calls.append(("bwd", tuple(q.shape), tuple(dout.shape)))
+    def fake_backward(spec, q, k, v, o, lse, dout, *, buffers, client, timeout, tile_classes,
+                      **mask_inputs):
+        calls.append(("bwd", tuple(q.shape), tuple(dout.shape), tile_classes))
         with torch.enable_grad():
             qq, kk, vv, bb = (t.detach().requires_grad_() for t in (q, k, v, buffers["bias"]))
             g = torch.autograd.grad(ref(qq, kk, vv, bb), (qq, kk, vv, bb), dout)
         return g[0], g[1], g[2], {"bias": g[3]}
 
-    monkeypatch.setattr(ag, "attention_forward", fake_forward)
+    monkeypatch.setattr(ag, "_attention_forward", fake_forward)
     monkeypatch.setattr(ag, "attention_backward", fake_backward)
     torch.manual_seed(0)
     q = torch.randn(2, 5, 4, 64, requires_grad=True)  # bshd: [B, L, Hq, D]
@@ -150,7 +176,7 @@ def test_autograd_function_plumbing(monkeypatch):
     w = torch.randn_like(o)
     (o * w).sum().backward()
     assert calls[0] == ("fwd", True, True, False)
-    assert calls[1] == ("bwd", (2, 4, 5, 64), (2, 4, 5, 64))
+    assert calls[1] == ("bwd", (2, 4, 5, 64), (2, 4, 5, 64), "classes")  # the forward's
     q2, k2, v2, b2 = (t.detach().clone().requires_grad_() for t in (q, k, v, bias))
     o2 = ref(q2.transpose(1, 2), k2.transpose(1, 2), v2.transpose(1, 2), b2).transpose(1, 2)
     (o2 * w).sum().backward()

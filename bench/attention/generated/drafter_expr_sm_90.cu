@@ -23,6 +23,7 @@
 #define KC_RETURN_LSE 1
 #define KC_BACKWARD 1
 #define KC_DETERMINISTIC 0
+#define KC_CLASS_BLOCK_M 128
 #define KC_BWD_BLOCK_M 64
 #define KC_BWD_BLOCK_N 128
 #define KC_BWD_NUM_WARPS 8

@@ -235,6 +235,17 @@ def attention_forward(q, k, v, spec=None, *, lse=False, layout="bhsd", out=None,
     alibi_slopes (float32 [Hq]), buffers={name: tensor} for expressions.
     Returns O (like q's layout, v's head dim), or (O, LSE) with lse=True (float32
     [B, Hq, Lq], natural log; -inf on rows that see no key)."""
+    return _attention_forward(q, k, v, spec, lse=lse, layout=layout, out=out,
+                              q_seq_id=q_seq_id, kv_seq_id=kv_seq_id, anchors=anchors,
+                              keep=keep, alibi_slopes=alibi_slopes, buffers=buffers,
+                              client=client, timeout=timeout)[0]
+
+
+def _attention_forward(q, k, v, spec=None, *, lse=False, layout="bhsd", out=None, q_seq_id=None,
+                       kv_seq_id=None, anchors=None, keep=None, alibi_slopes=None, buffers=None,
+                       client=None, timeout=None):
+    """attention_forward's (result, tile classes): the expression mask's tile classes
+    (TileClasses) when the record's classification serves its backward too, else None."""
     import torch
     from kcache import cuda
     from kcache.client import default_client
@@ -264,12 +275,12 @@ def attention_forward(q, k, v, spec=None, *, lse=False, layout="bhsd", out=None,
         return (o, lse_t) if lse else o
 
     if B == 0 or Lq == 0:
-        return result()  # nothing to launch (the contract leaves 0 lengths to us)
+        return result(), None  # nothing to launch (the contract leaves 0 lengths to us)
     if Lkv == 0:  # no key at all: every row is empty
         out.zero_()
         if lse_t is not None:
             lse_t.fill_(-math.inf)
-        return result()
+        return result(), None
 
     client = client or default_client()
     with _launch_context(torch, dev) as (arch, stream, ctx):
@@ -284,20 +295,36 @@ def attention_forward(q, k, v, spec=None, *, lse=False, layout="bhsd", out=None,
         hold = _fill_mask_inputs(torch, p, spec_n, plan, q_seq_id, kv_seq_id, anchors, keep,
                                  alibi_slopes, buffers)
         grid = (-(-Lq // fwd_entry.block_m), Hq, B)
+        classes = None
         if _mask_kind(spec_n) == "expr":
             mb_entry, mb = kern.entry(cuda.ENTRY_ROLE_MASK_BUILD)
             if mb is None:
                 raise KcacheError("kcache: record %s has an expression mask but no mask-build "
                                   "entry point" % kern.record.key.hex()[:16])
             mt, nt = -(-Lq // mb_entry.block_m), -(-Lkv // mb_entry.block_n)
-            _tile_classes(torch, p, hold, (B, Hq, mt, nt), dev)
+            tc = _tile_classes(torch, p, hold, (B, Hq, mt, nt), dev)
             cuda.launch(mb, (mt, Hq, B), mb_entry.threads, mb_entry.dynamic_smem_bytes,
                         stream, p)
+            bmb_entry, _ = kern.entry(cuda.ENTRY_ROLE_BACKWARD_MASK_BUILD)
+            if bmb_entry is not None and (bmb_entry.block_m, bmb_entry.block_n) == (
+                    mb_entry.block_m, mb_entry.block_n):
+                classes = TileClasses(kern.record.key, tc)
         cuda.launch(fwd, grid, fwd_entry.threads, fwd_entry.dynamic_smem_bytes, stream, p)
     # Temporaries in `hold` were allocated on this stream: the caching allocator reuses
     # them only for work ordered after these launches.
     del hold
-    return result()
+    return result(), classes
+
+
+class TileClasses:
+    """An expression mask's tile classes from a forward whose classification serves the
+    backward of the same record (docs/kernel-contract.md): the backward then skips its own
+    mask build. `key`: the record's key; `tensor`: int8 [B, Hq, M tiles, N tiles]."""
+
+    __slots__ = ("key", "tensor")
+
+    def __init__(self, key, tensor):
+        self.key, self.tensor = key, tensor
 
 
 def normalize_drafter_inputs(torch, anchors, keep):
@@ -335,6 +362,11 @@ def _tile_classes(torch, p, hold, shape, dev):
     N tiles] on `dev`, kept alive in `hold` and set in the params `p`."""
     tc = torch.empty(*shape, dtype=torch.int8, device=dev)
     hold.append(tc)
+    _set_tile_classes(p, tc)
+    return tc
+
+
+def _set_tile_classes(p, tc):
     p.tile_class = tc.data_ptr()
     p.tile_class_stride_b, p.tile_class_stride_h, p.tile_class_stride_m = tc.stride()[:3]
 

@@ -8,6 +8,10 @@ stream (docs/kernel-contract.md, "Backward"):
   (BACKWARD_MASK_BUILD, expression masks) -> BACKWARD_PREPROCESS -> BACKWARD (dK, dV)
   -> BACKWARD_DQ (deterministic records) or BACKWARD_POSTPROCESS (dq_accum -> dQ)
 
+An expression mask's forward keeps its tile classes when the record classifies with the
+backward's tiles (MASK_BUILD and BACKWARD_MASK_BUILD of equal tiles): the backward then
+reads them instead of classifying again (issue 28: one classification per call).
+
 with threads, dynamic shared memory and tile sizes from the record's entry points.
 Buffers declared trainable get gradients (fp32 atomics; the daemon refuses them with
 deterministic). backward_launches() is the pure part (no torch, no GPU), for tests.
@@ -15,8 +19,8 @@ deterministic). backward_launches() is the pure part (no torch, no GPU), for tes
 
 from kcache import cuda
 from kcache.attention import (
-    _fill_mask_inputs, _fill_qkvo, _launch_context, _mask_kind, _tile_classes, attention_forward,
-    normalize_drafter_inputs, resolve_spec, validate_inputs)
+    _attention_forward, _fill_mask_inputs, _fill_qkvo, _launch_context, _mask_kind,
+    _set_tile_classes, _tile_classes, normalize_drafter_inputs, resolve_spec, validate_inputs)
 from kcache.errors import InvalidArgument, KcacheError
 from kcache.params import AttentionParams
 
@@ -46,9 +50,10 @@ def backward_spec(spec, deterministic=None):
     return s
 
 
-def backward_launches(record, plan):
+def backward_launches(record, plan, have_classes=False):
     """The backward sequence for a KernelRecord and a Plan (validate_inputs): a list of
-    (role, EntryPoint, grid) in launch order. Raises KcacheError naming a missing role."""
+    (role, EntryPoint, grid) in launch order. Raises KcacheError naming a missing role.
+    have_classes: the forward's tile classes serve the backward (no BACKWARD_MASK_BUILD)."""
     entries = {}
     for e in record.entry_points:
         entries.setdefault(e.role, e)
@@ -69,7 +74,7 @@ def backward_launches(record, plan):
     B, Hq, Hkv, Lq, Lkv = plan.batch, plan.num_q_heads, plan.num_kv_heads, plan.q_len, \
         plan.kv_len
     out = []
-    if _mask_kind(record.spec) == "expr":
+    if _mask_kind(record.spec) == "expr" and not have_classes:
         e = need(cuda.ENTRY_ROLE_BACKWARD_MASK_BUILD)
         out.append((e.role, e, (_cdiv(Lq, e.block_m), Hq, B)))
     e = need(cuda.ENTRY_ROLE_BACKWARD_PREPROCESS)
@@ -88,6 +93,21 @@ def backward_launches(record, plan):
             raise KcacheError("kcache: record %s: entry point %s has no tile sizes"
                               % (record.key.hex()[:16], e.name))
     return out
+
+
+def _shared_classes(record, plan, tile_classes):
+    """The forward's class tensor when it serves this backward: the same record, and the
+    shape the backward's tiles give (else None: the backward classifies itself)."""
+    if tile_classes is None or tile_classes.key != record.key:
+        return None
+    e = next((x for x in record.entry_points
+              if x.role == cuda.ENTRY_ROLE_BACKWARD_MASK_BUILD), None)
+    if e is None or 0 in (e.block_m, e.block_n):
+        return None
+    t = tile_classes.tensor
+    want = (plan.batch, plan.num_q_heads, _cdiv(plan.q_len, e.block_m), _cdiv(plan.kv_len,
+                                                                              e.block_n))
+    return t if tuple(t.shape) == want else None
 
 
 def trainable_buffers(spec):
@@ -121,10 +141,12 @@ def _unimplemented_hint(e):
 
 def attention_backward(spec, q, k, v, o, lse, dout, *, q_seq_id=None, kv_seq_id=None,
                        anchors=None, keep=None, alibi_slopes=None, buffers=None, client=None,
-                       timeout=None):
+                       timeout=None, tile_classes=None):
     """dQ, dK, dV (and {name: gradient} of trainable buffers) for [B, H, L, D] views, with
     the forward's O and LSE of the same spec (backward on). Launches on torch's current
-    stream; returns (dq, dk, dv, buffer_grads)."""
+    stream; returns (dq, dk, dv, buffer_grads). tile_classes: the forward's
+    (kcache.attention.TileClasses), used when they are this record's and of the backward's
+    shape; otherwise the backward classifies itself."""
     import torch
     from kcache.client import default_client
     plan = validate_inputs(spec, q, k, v, out=o, q_seq_id=q_seq_id, kv_seq_id=kv_seq_id,
@@ -157,7 +179,8 @@ def attention_backward(spec, q, k, v, o, lse, dout, *, q_seq_id=None, kv_seq_id=
                 raise hint from e
             raise
         rec = kern.record
-        launches = backward_launches(rec, plan)
+        shared = _shared_classes(rec, plan, tile_classes)
+        launches = backward_launches(rec, plan, have_classes=shared is not None)
         spec_n = rec.spec
         p = AttentionParams()
         _fill_qkvo(p, q, k, v, o, lse)
@@ -179,6 +202,8 @@ def attention_backward(spec, q, k, v, o, lse, dout, *, q_seq_id=None, kv_seq_id=
         for i, d in enumerate(spec_n.buffers):  # launch order: the normalized spec's
             if d.trainable and d.name in bgrads:
                 p.buffer_grads[i] = bgrads[d.name].data_ptr()
+        if shared is not None:
+            _set_tile_classes(p, shared)
         for role, e, grid in launches:
             if role == cuda.ENTRY_ROLE_BACKWARD_MASK_BUILD:
                 _tile_classes(torch, p, hold, (B, Hq, grid[0], _cdiv(Lkv, e.block_n)), dev)
@@ -207,9 +232,9 @@ def _function():
             for name, t in zip(meta["trainable"], trainable):
                 bufs[name] = t
             try:
-                o, lse = attention_forward(q, k, v, meta["spec"], lse=True, buffers=bufs or None,
-                                           client=meta["client"], timeout=meta["timeout"],
-                                           **meta["mask_inputs"])
+                (o, lse), classes = _attention_forward(
+                    q, k, v, meta["spec"], lse=True, buffers=bufs or None,
+                    client=meta["client"], timeout=meta["timeout"], **meta["mask_inputs"])
             except Exception as e:
                 hint = _unimplemented_hint(e)
                 if hint is not None:
@@ -217,6 +242,7 @@ def _function():
                 raise
             ctx.meta = meta
             ctx.buffers = bufs
+            ctx.classes = classes  # not an autograd input: no version check needed
             ctx.save_for_backward(q, k, v, o, lse)
             return o
 
@@ -227,7 +253,8 @@ def _function():
             meta = ctx.meta
             dq, dk, dv, bgrads = attention_backward(
                 meta["spec"], q, k, v, o, lse, dout, buffers=ctx.buffers or None,
-                client=meta["client"], timeout=meta["timeout"], **meta["mask_inputs"])
+                client=meta["client"], timeout=meta["timeout"], tile_classes=ctx.classes,
+                **meta["mask_inputs"])
             return (None, dq, dk, dv) + tuple(bgrads[n] for n in meta["trainable"])
 
     _Function = KcacheAttention

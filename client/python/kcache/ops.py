@@ -50,21 +50,23 @@ def _trainable(spec):
 
 
 def _forward(q, k, v, spec, names, bufs):
-    """flex_fwd's implementation: the same for the operator and the eager path."""
+    """flex_fwd's implementation: the same for the operator and the eager path.
+    Returns ((out, lse), tile classes for the backward or None)."""
     s = _spec(spec)
     buffers, inputs = _split(names, bufs)
     if q.device.type != "cuda":
         with torch.no_grad():
             out, lse = _reference.attention(s, q, k, v, buffers, inputs)
-        return out, lse
-    from kcache.attention import attention_forward
-    return attention_forward(q, k, v, s, lse=True, buffers=buffers or None, **inputs)
+        return (out, lse), None
+    from kcache.attention import _attention_forward
+    return _attention_forward(q, k, v, s, lse=True, buffers=buffers or None, **inputs)
 
 
 @torch.library.custom_op("kcache::flex_fwd", mutates_args=())
 def flex_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: str, names: str,
              bufs: List[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
-    return _forward(q, k, v, spec, names, bufs)
+    # An operator's outputs are tensors only: the backward operator classifies again.
+    return _forward(q, k, v, spec, names, bufs)[0]
 
 
 @flex_fwd.register_fake
@@ -74,8 +76,9 @@ def _(q, k, v, spec, names, bufs):
     return out, q.new_empty(B, H, L, dtype=torch.float32)
 
 
-def _backward_impl(q, k, v, out, lse, dout, spec, names, bufs):
-    """flex_bwd's implementation: the same for the operator and the eager path."""
+def _backward_impl(q, k, v, out, lse, dout, spec, names, bufs, tile_classes=None):
+    """flex_bwd's implementation: the same for the operator and the eager path
+    (tile_classes: the eager forward's, see kcache.attention.TileClasses)."""
     s = _spec(spec)
     buffers, inputs = _split(names, bufs)
     train = _trainable(s)
@@ -87,7 +90,7 @@ def _backward_impl(q, k, v, out, lse, dout, spec, names, bufs):
         inputs["anchors"], inputs["keep"] = normalize_drafter_inputs(
             torch, inputs["anchors"], inputs.get("keep"))
     dq, dk, dv, bg = attention_backward(s, q, k, v, out, lse, dout, buffers=buffers or None,
-                                        **inputs)
+                                        tile_classes=tile_classes, **inputs)
     return [dq, dk, dv] + [bg[n] for n in train]
 
 
@@ -152,8 +155,8 @@ class _Eager(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, spec, names, *bufs):
-        out, lse = _forward(q, k, v, spec, names, list(bufs))
-        ctx.spec, ctx.names = spec, names
+        (out, lse), classes = _forward(q, k, v, spec, names, list(bufs))
+        ctx.spec, ctx.names, ctx.classes = spec, names, classes
         ctx.save_for_backward(q, k, v, out, lse, *bufs)
         ctx.mark_non_differentiable(lse)
         return out, lse
@@ -161,7 +164,8 @@ class _Eager(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout, dlse):
         q, k, v, out, lse, *bufs = ctx.saved_tensors
-        grads = _backward_impl(q, k, v, out, lse, dout.contiguous(), ctx.spec, ctx.names, bufs)
+        grads = _backward_impl(q, k, v, out, lse, dout.contiguous(), ctx.spec, ctx.names, bufs,
+                               ctx.classes)
         return (grads[0], grads[1], grads[2], None, None,
                 *_buffer_grads(ctx.spec, ctx.names, grads[3:]))
 
