@@ -136,7 +136,8 @@ constexpr bool kWgmma = false;
 // tensor cores (FlashAttention-3's ping-pong), one's softmax under the
 // other's wgmma; loads complete on mbarriers instead of CTA barriers.
 // Head dim 64 runs a little slower ping-ponged (285 against 293 TFLOP/s,
-// causal B8 H32 S2048 on an H200; kernels/NOTES.md): its GEMMs are too short.
+// causal B8 H32 S2048 on an H200; again 1.5 % slower after v12, session 11;
+// kernels/NOTES.md): its GEMMs are too short.
 constexpr bool kPingpong = kWgmma && kNW == 8 && kStages == 2 && kDQK >= 128;
 // sm_90a with 3+ stages: softmax overlaps the previous tile's P V wgmma.
 constexpr bool kOverlap = kWgmma && !kPingpong && kStages >= 3;
@@ -1390,13 +1391,12 @@ namespace attn_fwd {
 //
 // Cost (issue 28): a mask that does not read h (b) is classified for
 // h = 0 (b = 0) only and every reader takes that row (KC_EXPR_MASK_READS_*;
-// the other CTAs return at once). Each warp takes one key tile at a time
-// (classify_expr_tile).
+// the other CTAs share its tiles; classify_expr_tiles).
 constexpr int kClassifySub = 8;  // sub-block side of the second interval pass
 
-// One tile, by one warp; returns its class. The generated interval evaluation
-// kc_expr_mask_tile settles most tiles (empty or full) in one evaluation over
-// the whole tile. A tile it cannot settle is cut into kClassifySub-square
+// The generated interval evaluation kc_expr_mask_tile settles most tiles
+// (empty or full) in one evaluation over the whole tile. A tile it cannot
+// settle is cut by one warp (settle_expr_tile) into kClassifySub-square
 // sub-blocks, 32 interval evaluations at a time: over fewer rows and keys the
 // intervals are tight (a `%` whose range does not wrap, a comparison near
 // the diagonal), so most sub-blocks settle, and one settled empty with one
@@ -1416,12 +1416,11 @@ __device__ __noinline__ int classify_interval(int b, int h, int q0, int q1, int 
 }
 #endif
 
-template <int BM, int BN>
-__device__ __forceinline__ int classify_expr_tile(const AttentionParams& p, int b, int h, int m0,
-                                                  int m1, int n0, int n1, int lane) {
 #if KC_EXPR_MASK_TILE
-  const int c = classify_interval(b, h, m0, m1, n0, n1, p);
-  if (c != 1) return c;
+// A tile the interval evaluation over the whole of it left open (class 1), by
+// one warp; returns its class.
+__device__ __forceinline__ int settle_expr_tile(const AttentionParams& p, int b, int h, int m0,
+                                                int m1, int n0, int n1, int lane) {
   constexpr int kSub = kClassifySub;
   const int sr = (m1 - m0 + kSub) / kSub, sc = (n1 - n0 + kSub) / kSub;
   const int ns = sr * sc;
@@ -1455,9 +1454,12 @@ __device__ __forceinline__ int classify_expr_tile(const AttentionParams& p, int 
     }
   }
   return seen_t ? (seen_f ? 1 : 2) : 0;
+}
 #else
-  // No interval evaluation generated for this mask: every element, 32 at a
-  // time, stopping once the tile is seen to be partial.
+// No interval evaluation generated for this mask: every element of the tile,
+// 32 at a time, by one warp, stopping once the tile is seen to be partial.
+__device__ __forceinline__ int scan_expr_tile(const AttentionParams& p, int b, int h, int m0,
+                                              int m1, int n0, int n1, int lane) {
   const int cols = n1 - n0 + 1;
   const int n = (m1 - m0 + 1) * cols;
   bool any = false, all = true;
@@ -1470,8 +1472,8 @@ __device__ __forceinline__ int classify_expr_tile(const AttentionParams& p, int 
     if (any && !all) break;  // warp-uniform
   }
   return any ? (all ? 2 : 1) : 0;
-#endif
 }
+#endif
 
 // One row of tile classes (query tile blockIdx.x). A predicate that does not
 // read h (b) is classified for h = 0 (b = 0) only, and the CTAs of the other
@@ -1479,6 +1481,10 @@ __device__ __forceinline__ int classify_expr_tile(const AttentionParams& p, int 
 // CTA of rank r among the row's sharers takes tiles w + 4 r, w + 4 (r + n),
 // ... Each tile is then one warp's few microseconds of work, not a
 // sequence of them (the 2-D neighbourhood's 18 rows were 18 busy CTAs).
+// With an interval evaluation, a warp's tiles are first evaluated one per
+// lane, all at once, and only those left open are settled by the whole warp
+// in turn: one evaluation's latency instead of one per tile (the per-head
+// window's rows are 64 tiles, 8 per warp; session 11).
 template <int BM, int BN>
 __device__ __forceinline__ void classify_expr_tiles(const AttentionParams& p) {
   const int mtile = blockIdx.x;
@@ -1495,12 +1501,32 @@ __device__ __forceinline__ void classify_expr_tiles(const AttentionParams& p) {
                mtile * p.tile_class_stride_m;
   const int warp = static_cast<int>(threadIdx.x) >> 5;
   const int lane = static_cast<int>(threadIdx.x) & 31;
-  for (int t = warp + 4 * rank; t < n_kv_tiles; t += 4 * share_h * share_b) {
+  const int first = warp + 4 * rank, step = 4 * share_h * share_b;
+#if KC_EXPR_MASK_TILE
+  for (int j0 = 0; first + j0 * step < n_kv_tiles; j0 += 32) {
+    const int t = first + (j0 + lane) * step;
+    int c = 0;
+    if (t < n_kv_tiles) {
+      const int n0 = t * BN;
+      c = classify_interval(b, h, m0, m1, n0, imin(n0 + BN, p.kv_len) - 1, p);
+      if (c != 1) row[t] = static_cast<kc_i8>(c);
+    }
+    unsigned open = __ballot_sync(0xffffffffu, t < n_kv_tiles && c == 1);
+    while (open != 0u) {  // warp-uniform
+      const int u = first + (j0 + __ffs(open) - 1) * step;
+      open &= open - 1u;
+      const int n0 = u * BN;
+      const int cu = settle_expr_tile(p, b, h, m0, m1, n0, imin(n0 + BN, p.kv_len) - 1, lane);
+      if (lane == 0) row[u] = static_cast<kc_i8>(cu);
+    }
+  }
+#else
+  for (int t = first; t < n_kv_tiles; t += step) {
     const int n0 = t * BN;
-    const int c =
-        classify_expr_tile<BM, BN>(p, b, h, m0, m1, n0, imin(n0 + BN, p.kv_len) - 1, lane);
+    const int c = scan_expr_tile(p, b, h, m0, m1, n0, imin(n0 + BN, p.kv_len) - 1, lane);
     if (lane == 0) row[t] = static_cast<kc_i8>(c);
   }
+#endif
 }
 }  // namespace attn_fwd
 }  // namespace kcache
