@@ -168,8 +168,8 @@ def test_each_module_imports_alone_in_a_fresh_interpreter():
         if (p.returncode and m in NEEDS_TORCH and not have_torch
                 and "No module named 'torch'" in p.stderr):
             continue
-        if p.returncode:
-            failed.append("%s:\n%s" % (m, p.stderr[-2000:]))
+        if p.returncode:  # a negative status is a signal (e.g. the OOM killer)
+            failed.append("%s: exit status %d\n%s" % (m, p.returncode, p.stderr[-2000:]))
     assert not failed, "\n".join(failed)
 
 
