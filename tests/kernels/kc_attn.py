@@ -671,16 +671,8 @@ class Kernel:
                 params.batch)
 
     def new_tile_classes(self, params):
-        """An int8 class tensor for the forward's mask build (filled with 77, which no
-        class is), set in `params`; returned to be kept alive."""
-        import torch
-        B, Hq, Lq, Lkv = params.batch, params.num_q_heads, params.q_len, params.kv_len
-        tc = torch.full((B, Hq, -(-Lq // self.class_block_m), max(-(-Lkv // self.block_n), 1)),
-                        77, device="cuda", dtype=torch.int8)
-        params.tile_class = tc.data_ptr()
-        params.tile_class_stride_b, params.tile_class_stride_h, params.tile_class_stride_m = \
-            tc.stride()[:3]
-        return tc
+        """The class tensor for the forward's mask build (new_classes), set in `params`."""
+        return new_classes(params, self.class_block_m, self.block_n)
 
     def launch_mask_build(self, params):
         grid = ((params.q_len + self.class_block_m - 1) // self.class_block_m,
@@ -706,7 +698,7 @@ class Kernel:
         if not p.lse:
             raise ValueError("prepare_backward: the forward's params have no lse")
         set_backward_tensors(p, dout, dq, dk, dv)
-        B, Hq, Lq, Lkv = p.batch, p.num_q_heads, p.q_len, p.kv_len
+        B, Hq, Lq = p.batch, p.num_q_heads, p.q_len
         dev = dout.device
         scratch = [torch.empty(B, Hq, Lq, device=dev, dtype=torch.float32)]
         p.delta = scratch[0].data_ptr()
@@ -718,16 +710,10 @@ class Kernel:
         own_build = True
         if self.spec["mask"] == "expr" and classes is not None and self.shares_classes:
             scratch.append(classes)
-            p.tile_class = classes.data_ptr()
-            p.tile_class_stride_b, p.tile_class_stride_h, p.tile_class_stride_m = \
-                classes.stride()[:3]
+            set_tile_classes(p, classes)
             own_build = False
         elif self.spec["mask"] == "expr":
-            mt, nt = -(-Lq // self.bwd_block_m), -(-Lkv // self.bwd_block_n)
-            tc = torch.full((B, Hq, mt, max(nt, 1)), 77, device=dev, dtype=torch.int8)
-            scratch.append(tc)
-            p.tile_class = tc.data_ptr()
-            p.tile_class_stride_b, p.tile_class_stride_h, p.tile_class_stride_m = tc.stride()[:3]
+            scratch.append(new_classes(p, self.bwd_block_m, self.bwd_block_n, dev))
         for i, g in (buffer_grads or {}).items():
             if g.dtype != torch.float32:
                 raise ValueError("buffer_grads[%d]: fp32 expected, got %s" % (i, g.dtype))
@@ -767,6 +753,23 @@ class BackwardLaunch:
             return
         for name, grid, threads, smem in self.launches():
             self.kern._launch(self.kern.bwd[name], grid, threads, smem, self.params)
+
+
+def set_tile_classes(p, tc):
+    """An int8 [B, H, M tiles, N tiles] class tensor as params' tile_class."""
+    p.tile_class = tc.data_ptr()
+    p.tile_class_stride_b, p.tile_class_stride_h, p.tile_class_stride_m = tc.stride()[:3]
+
+
+def new_classes(p, rows, cols, device="cuda"):
+    """A class tensor for params `p` with classes of `rows` queries x `cols` keys, filled
+    with 77 (which no class is, so that a class the mask build missed shows), set in `p`;
+    returned to be kept alive."""
+    import torch
+    tc = torch.full((p.batch, p.num_q_heads, -(-p.q_len // rows), max(-(-p.kv_len // cols), 1)),
+                    77, device=device, dtype=torch.int8)
+    set_tile_classes(p, tc)
+    return tc
 
 
 def make_params(q, k, v, o, lse=None):
