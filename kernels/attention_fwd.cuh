@@ -139,6 +139,15 @@ constexpr bool kWgmma = false;
 // causal B8 H32 S2048 on an H200; again 1.5 % slower after v12, session 11;
 // kernels/NOTES.md): its GEMMs are too short.
 constexpr bool kPingpong = kWgmma && kNW == 8 && kStages == 2 && kDQK >= 128;
+// FlashAttention-4's lazy rescale: the running max moves (and O is rescaled)
+// only when a row of the warp grows by more than kRescaleSlack (log2 units);
+// otherwise exponents are taken against the stale max, at most 2^slack,
+// which fp32 sums and bf16 / fp16 P hold. m and l stay consistent, so O / l
+// and the LSE are exact either way. Measured (session 12, kernels/NOTES.md
+// s1): head dim 64 sm_90a 0.435 -> 0.415 ms, the mma.sync forward -5..-7 %;
+// on the ping-pong the rescale already runs under the other warpgroup's
+// wgmma and the warp vote cost 1-2 %, so it stays exact there.
+constexpr float kRescaleSlack = kPingpong ? 0.f : 8.f;
 // sm_90a with 3+ stages: softmax overlaps the previous tile's P V wgmma.
 constexpr bool kOverlap = kWgmma && !kPingpong && kStages >= 3;
 // Tiles in flight ahead of the one computed.
@@ -1026,23 +1035,40 @@ extern "C" __global__ void __launch_bounds__(KC_NUM_WARPS * 32)
   };
 
   // Online softmax in the log2 domain: S -> P in place; alpha rescales O.
-  auto softmax = [&](float(&s)[kMT][kNT][4], float(&alpha)[kMT][2]) {
+  // Returns whether O must be rescaled by alpha (false: every alpha is 1).
+  auto softmax = [&](float(&s)[kMT][kNT][4], float(&alpha)[kMT][2]) -> bool {
+    float mx[kMT][2];
 #pragma unroll
     for (int mt = 0; mt < kMT; ++mt) {
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
-        float mx = neg_inf();
+        float m = neg_inf();
 #pragma unroll
-        for (int nt = 0; nt < kNT; ++nt) {
-          mx = fmaxf(mx, fmaxf(s[mt][nt][hh * 2], s[mt][nt][hh * 2 + 1]));
-        }
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        const float m_new = fmaxf(m_run[mt][hh], mx * kMul);
+        for (int nt = 0; nt < kNT; ++nt) m = fmaxf(m, fmaxf(s[mt][nt][hh * 2], s[mt][nt][hh * 2 + 1]));
+        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+        mx[mt][hh] = m * kMul;
+      }
+    }
+    bool rescale = true;
+    if constexpr (kRescaleSlack > 0) {
+      bool grow = false;
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) grow |= mx[mt][hh] > m_run[mt][hh] + kRescaleSlack;
+      }
+      rescale = __any_sync(0xffffffffu, grow);
+    }
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const float m_new = rescale ? fmaxf(m_run[mt][hh], mx[mt][hh]) : m_run[mt][hh];
         // A row with nothing visible yet keeps m = -inf; subtract 0 then,
         // so that exp2 gives 0 rather than NaN.
         const float m_use = m_new == neg_inf() ? 0.f : m_new;
-        alpha[mt][hh] = exp2_approx(m_run[mt][hh] - m_use);
+        alpha[mt][hh] = rescale ? exp2_approx(m_run[mt][hh] - m_use) : 1.f;
         m_run[mt][hh] = m_new;
         float sum = 0.f;
 #pragma unroll
@@ -1054,9 +1080,10 @@ extern "C" __global__ void __launch_bounds__(KC_NUM_WARPS * 32)
             sum += pv;
           }
         }
-        l_run[mt][hh] = l_run[mt][hh] * alpha[mt][hh] + sum;
+        l_run[mt][hh] = rescale ? l_run[mt][hh] * alpha[mt][hh] + sum : l_run[mt][hh] + sum;
       }
     }
+    return rescale;
   };
 
   auto rescale_o = [&](const float(&alpha)[kMT][2]) {
@@ -1187,8 +1214,7 @@ extern "C" __global__ void __launch_bounds__(KC_NUM_WARPS * 32)
                           int n0, int wcls, const unsigned(&vbits)[kVW]) {
     if (wcls != 0) {
       score_and_mask(s, n0, wcls, vbits);
-      softmax(s, alpha);
-      rescale_o(alpha);
+      if (softmax(s, alpha)) rescale_o(alpha);
       pack_p(s, pa);
     } else {
       zero_p(pa);
@@ -1283,8 +1309,7 @@ extern "C" __global__ void __launch_bounds__(KC_NUM_WARPS * 32)
         {
           qk_mma_sync(s, stage);
           score_and_mask(s, n0, wcls, vbits);
-          softmax(s, alpha);
-          rescale_o(alpha);
+          if (softmax(s, alpha)) rescale_o(alpha);
           pv_mma_sync(s, stage);
         }
       }
@@ -1325,16 +1350,17 @@ extern "C" __global__ void __launch_bounds__(KC_NUM_WARPS * 32)
         wgmma_wait<0>();
       }
       fence_regs(s[0]);
+      bool rescale = false;
       if (wcls != 0) {
         score_and_mask(s, n0, wcls, vbits);
-        softmax(s, alpha);
+        rescale = softmax(s, alpha);
       }
       if (i > 0) {
         wgmma_wait<0>();
         fence_regs(o[0]);
       }
       if (wcls != 0) {
-        rescale_o(alpha);
+        if (rescale) rescale_o(alpha);
         pack_p(s, pa);
       } else {
         zero_p(pa);

@@ -14,8 +14,10 @@ outputs first). Variants are sets of extra defines (kernels/attention_bwd.cuh's 
 kernel once measured, issue 28; kernels/NOTES.md keeps what they showed. A new variant
 is a new define in the kernel while it is being measured.)
 
-FLEX=0 skips flex (times only). Cubins for every (case, variant) compile in parallel
-first (NVRTC, into .devcarry/cubins like the other kernel tools).
+FLEX=0 skips flex (outputs are then compared with the first variant's); BWD=0 times and
+checks the forward alone; SDPA=1 adds SDPA cuDNN's time (forward, + backward unless BWD=0)
+on the dense cases and each variant's ratio to it. Cubins for every (case, variant)
+compile in parallel first (NVRTC, into .devcarry/cubins like the other kernel tools).
 """
 import os, sys, statistics, json
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -34,6 +36,8 @@ def parse_variants():
 VARIANTS = parse_variants()
 CASES = sys.argv[1:] or ["causal", "drafter_random", "drafter_sorted"]
 FLEX = os.environ.get("FLEX", "1") == "1"
+BWD = os.environ.get("BWD", "1") == "1"
+SDPA = os.environ.get("SDPA", "0") == "1"
 # SM90A=1: sm_90a builds (wgmma forward; wgmma dK/dV unless a variant sets KC_BWD_WGMMA=0).
 SM90A = os.environ.get("SM90A", "0") == "1"
 
@@ -41,7 +45,7 @@ SM90A = os.environ.get("SM90A", "0") == "1"
 def spec_for(case, extra):
     mask = {"causal": "causal", "none": "none", "d64": "causal"}.get(case, "drafter")
     D = 64 if case == "d64" else 128
-    return K.make_spec("bf16", D, D, mask=mask, backward=True, deterministic=False, arch=90,
+    return K.make_spec("bf16", D, D, mask=mask, backward=BWD, deterministic=False, arch=90,
                        sm90a=SM90A, drafter_block=16, extra_defines=extra)
 
 
@@ -82,7 +86,7 @@ def run_case(case):
     v = torch.randn(B, Hkv, Lkv, D, device="cuda", dtype=dt, requires_grad=True)
     do = torch.randn(B, Hq, Lq, D, device="cuda", dtype=dt)
     res = {"case": case}
-    ref = None
+    ref = ref_o = None
     if FLEX:
         from torch.nn.attention.flex_attention import flex_attention, create_block_mask
         flex = torch.compile(flex_attention, dynamic=False)
@@ -98,10 +102,19 @@ def run_case(case):
             bm = create_block_mask(mm, B, None, Lq, Lkv, device="cuda", _compile=True)
         def fb():
             out = flex(q, k, v, block_mask=bm, enable_gqa=Hq != Hkv)
-            out.backward(do)
-        fb(); torch.cuda.synchronize()
-        ref = (q.grad.clone(), k.grad.clone(), v.grad.clone())
-        res["flex_total"] = round(time_ms(fb), 3)
+            if BWD: out.backward(do)
+            return out
+        ref_o = fb().detach().clone(); torch.cuda.synchronize()
+        ref = (q.grad.clone(), k.grad.clone(), v.grad.clone()) if BWD else None
+        res["flex_total" if BWD else "flex_fwd"] = round(time_ms(fb), 3)
+    if SDPA and mask in ("causal", "none"):
+        from torch.nn.attention import sdpa_kernel, SDPBackend
+        def sd():
+            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=mask == "causal")
+                if BWD: out.backward(do)
+        sd(); torch.cuda.synchronize()
+        res["cudnn_total" if BWD else "cudnn_fwd"] = round(time_ms(sd), 3)
     print(json.dumps(res), flush=True)
     for name, extra in VARIANTS:
         spec = spec_for(case, extra)
@@ -117,9 +130,20 @@ def run_case(case):
         dq = torch.full_like(q, float("nan")); dk = torch.full_like(k, float("nan")); dv = torch.full_like(v, float("nan"))
         fwd = lambda: kern.launch(p)
         fwd(); torch.cuda.synchronize()
+        if not FLEX and ref_o is None:
+            ref_o = o.clone()  # without flex, outputs are compared with the first variant's
+        o_err = ((o.float() - ref_o.float()).norm() / ref_o.float().norm()).item()
+        if not BWD:
+            r = {"case": case, "variant": name, "ptxas": K.ptxas_summary(log), "fwd": round(time_ms(fwd), 3)}
+            r["err_o"] = round(o_err, 5)
+            if FLEX: r["ratio"] = round(res["flex_fwd"] / r["fwd"], 3)
+            if "cudnn_fwd" in res: r["vs_cudnn"] = round(res["cudnn_fwd"] / r["fwd"], 3)
+            print(json.dumps(r), flush=True)
+            continue
         bl = kern.prepare_backward(p, do, dq, dk, dv)
         bl.run(); torch.cuda.synchronize()
         r = {"case": case, "variant": name, "ptxas": K.ptxas_summary(log, "kcache_attn_bwd_dkdv")}
+        r["err_o"] = round(o_err, 5)
         if ref is not None:
             rl = lambda a, b: ((a.float() - b.float()).norm() / b.float().norm()).item()
             r.update(err_dq=round(rl(dq, ref[0]), 5), err_dk=round(rl(dk, ref[1]), 5), err_dv=round(rl(dv, ref[2]), 5))
@@ -129,6 +153,7 @@ def run_case(case):
             per[nm.replace("kcache_attn_bwd_", "")] = round(time_ms(lambda: kern._launch(kern.bwd[nm], grid, th, sm, bl.params)), 3)
         r.update(fwd=round(t_f, 3), bwd=round(t_b, 3), total=round(t_f + t_b, 3), per=per)
         if ref is not None: r["ratio"] = round(res["flex_total"] / (t_f + t_b), 3)
+        if "cudnn_total" in res: r["vs_cudnn"] = round(res["cudnn_total"] / (t_f + t_b), 3)
         print(json.dumps(r), flush=True)
 
 
