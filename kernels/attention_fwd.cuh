@@ -1044,7 +1044,8 @@ extern "C" __global__ void __launch_bounds__(KC_NUM_WARPS * 32)
       for (int hh = 0; hh < 2; ++hh) {
         float m = neg_inf();
 #pragma unroll
-        for (int nt = 0; nt < kNT; ++nt) m = fmaxf(m, fmaxf(s[mt][nt][hh * 2], s[mt][nt][hh * 2 + 1]));
+        for (int nt = 0; nt < kNT; ++nt)
+          m = fmaxf(m, fmaxf(s[mt][nt][hh * 2], s[mt][nt][hh * 2 + 1]));
         m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
         m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
         mx[mt][hh] = m * kMul;
