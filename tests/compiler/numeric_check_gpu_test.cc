@@ -71,8 +71,11 @@ AttentionCheckKernel Describe(const std::string& src) {
   const AttentionTiles t = MakeAttentionTiles(d["KC_BLOCK_M"], d["KC_BLOCK_N"], d["KC_NUM_WARPS"],
                                               d["KC_STAGES"], k.head_dim_qk, k.head_dim_v);
   k.forward = {"kcache_attn_fwd", t.num_warps * 32, t.smem_bytes, t.block_m, t.block_n};
+  // The mask build classifies in rows of KC_CLASS_BLOCK_M (the backward's block_m where the
+  // forward's classes also serve the backward), as the record's MASK_BUILD entry says.
+  const int class_block_m = d.count("KC_CLASS_BLOCK_M") ? d["KC_CLASS_BLOCK_M"] : t.block_m;
   if (k.mask == KC_MASK_EXPR)
-    k.mask_build = {"kcache_attn_mask_build", 128, 0, t.block_m, t.block_n};
+    k.mask_build = {"kcache_attn_mask_build", 128, 0, class_block_m, t.block_n};
   // Buffers: slot -> (type, rank) from the read helpers' signatures.
   static const std::regex rd(
       R"(__device__ __forceinline__ (int|float|bool) kc_read_(\d+)\(const kcache::AttentionParams& p((?:, int i\d)*)\))");
