@@ -302,6 +302,23 @@ def test_import_loads_the_wire_modules_in_the_background_unless_turned_off():
     assert off.stdout.split() == ["False", "False", "False"], off.stdout
 
 
+def test_exit_right_after_import_waits_for_the_background_imports(tmp_path):
+    # A daemon thread still inside a C extension's import when the interpreter finalizes
+    # can crash it (test_each_module_imports_alone_in_a_fresh_interpreter saw SIGSEGV now
+    # and then). A slow `grpc` stands in for the real one: the process exits at once, and
+    # the import must have finished (its marker written) before the interpreter went away.
+    marker = tmp_path / "grpc-imported"
+    fake = tmp_path / "grpc"
+    fake.mkdir()
+    (fake / "__init__.py").write_text(
+        "import time\ntime.sleep(1.0)\nopen(%r, 'w').write('done')\n" % str(marker))
+    p = subprocess.run([sys.executable, "-c", "import kcache"], capture_output=True,
+                       text=True, env=_clean_env(PYTHONPATH=os.pathsep.join(
+                           [str(tmp_path), PKG_SRC])), timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert marker.exists(), "the process exited while kcache's background import ran"
+
+
 def test_import_without_grpc_still_works_and_the_call_names_what_is_missing(tmp_path):
     # A machine without grpcio imports kcache (specs need no wire); the warm-up thread's
     # failure is silent and the first client says what to install.
