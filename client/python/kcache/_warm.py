@@ -12,8 +12,9 @@ repeat or race) a module the thread is loading; a failed import is ignored here 
 raised, with its message, where the module is really needed. The thread starts no gRPC
 channel or other threads, so a later fork() inherits no gRPC state. A process that exits
 while the thread is still importing waits for it at exit (atexit): a daemon thread inside
-a C extension's import (grpc, protobuf) when the interpreter finalizes can crash it, and
-`python -c "import kcache"` did, with SIGSEGV, about once in a few hundred runs.
+a C extension's import (grpc, protobuf) when the interpreter finalizes can crash it — the
+likeliest cause of the rare SIGSEGV of `python -c "import kcache._version"` in
+tests/python/test_package.py (seen twice in fresh-clone runs, not reproduced on demand).
 """
 
 import atexit
