@@ -43,19 +43,14 @@ def start() -> None:
         return
     _thread = threading.Thread(target=_load, name="kcache-warm-imports", daemon=True)
     _thread.start()
-    atexit.register(_wait_at_exit)
+    atexit.register(wait, _EXIT_WAIT_S)
 
 
-def _wait_at_exit() -> None:
-    t = _thread
-    if t is not None and t.is_alive():
-        t.join(_EXIT_WAIT_S)
-
-
-def wait() -> None:
+def wait(timeout=None) -> None:
     """Called before the first use of the modules: a caller that arrives while the thread
     is still importing waits for it rather than contending for the same module locks
-    (two threads importing at once are slower than one, under the GIL)."""
+    (two threads importing at once are slower than one, under the GIL). Also at exit,
+    with a timeout."""
     t = _thread
     if t is not None and t.is_alive() and t is not threading.current_thread():
-        t.join()
+        t.join(timeout)
