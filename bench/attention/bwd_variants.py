@@ -67,6 +67,10 @@ def time_ms(fn, warmup=int(os.environ.get("WARMUP", "3")), rep=int(os.environ.ge
     return statistics.median(s.elapsed_time(e) for s, e in evs)
 
 
+def rel_l2(a, b):
+    return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+
 def run_case(case):
     dt = torch.bfloat16
     drafter = None
@@ -132,7 +136,7 @@ def run_case(case):
         fwd(); torch.cuda.synchronize()
         if not FLEX and ref_o is None:
             ref_o = o.clone()  # without flex, outputs are compared with the first variant's
-        o_err = ((o.float() - ref_o.float()).norm() / ref_o.float().norm()).item()
+        o_err = rel_l2(o, ref_o)
         if not BWD:
             r = {"case": case, "variant": name, "ptxas": K.ptxas_summary(log), "fwd": round(time_ms(fwd), 3)}
             r["err_o"] = round(o_err, 5)
@@ -145,8 +149,8 @@ def run_case(case):
         r = {"case": case, "variant": name, "ptxas": K.ptxas_summary(log, "kcache_attn_bwd_dkdv")}
         r["err_o"] = round(o_err, 5)
         if ref is not None:
-            rl = lambda a, b: ((a.float() - b.float()).norm() / b.float().norm()).item()
-            r.update(err_dq=round(rl(dq, ref[0]), 5), err_dk=round(rl(dk, ref[1]), 5), err_dv=round(rl(dv, ref[2]), 5))
+            r.update(err_dq=round(rel_l2(dq, ref[0]), 5), err_dk=round(rel_l2(dk, ref[1]), 5),
+                     err_dv=round(rel_l2(dv, ref[2]), 5))
         t_f = time_ms(fwd); t_b = time_ms(bl.run)
         per = {}
         for nm, grid, th, sm in bl.launches():
