@@ -112,6 +112,27 @@ constexpr bool kWgSplit = kWg && KC_SCORE_MOD == KC_SCORE_NONE;
 // drafter training shape 5.82 -> 5.14 ms on an H200).
 constexpr bool kWgDqLag = kWg && !KC_DETERMINISTIC;
 static_assert(!kWg || (kNW == 8 && kBN == 128 && kBM == 64), "KC_BWD_WGMMA: 64 x 128 x 8w");
+// Drafter mask, kWg: a dK/dV CTA over context keys walks query steps of
+// drafter blocks sorted by anchor (attn_fwd::drafter_sort_blocks, as the
+// forward's query tiles), not of consecutive blocks. A context key tile is
+// seen by the blocks whose anchor lies past it (with a window, not too far
+// past): in anchor order one run of ranks. With random anchors a step of
+// kBM / block consecutive blocks misses a key tile at fraction u of the
+// context only with probability u^4 (block 16), so the CTA visited ~80 % of
+// the steps against the ~50 % that see it. A step gathers its blocks' Q, dO,
+// LSE and delta rows and hands its dQ partials back as one bulk reduction
+// per 16 rows (a warp's accumulator rows, one block's), hence a block of a
+// multiple of 16 rows dividing the step. Keys past the context (the blocks'
+// own keys) keep consecutive blocks: a key tile's own queries are
+// consecutive. Score modifications that read the query index keep the
+// identity order, as in the forward.
+constexpr int kBwdBlk = KC_DRAFTER_BLOCK > 0 ? KC_DRAFTER_BLOCK : 16;
+constexpr int kBwdBlocksPerStep = kBM / kBwdBlk > 0 ? kBM / kBwdBlk : 1;
+constexpr bool kBwdDrafterSort =
+    KC_MASK == KC_MASK_DRAFTER && kWg && kBwdBlk % 16 == 0 && kBM % kBwdBlk == 0 &&
+    (KC_SCORE_MOD == KC_SCORE_NONE || KC_SCORE_MOD == KC_SCORE_SOFTCAP);
+// Blocks the order holds (2 bytes each; AttentionBwdDkdvSmemBytes).
+constexpr int kBwdSortCap = kAttnBwdMaxList;
 
 constexpr float kScale = KC_SOFTMAX_SCALE;
 constexpr float kLog2e = 1.4426950408889634f;
@@ -285,6 +306,23 @@ __device__ __forceinline__ bool visible(const AttentionParams& p, int b, int h, 
   return vis;
 }
 
+#if KC_MASK == KC_MASK_DRAFTER
+// Rows [q, qe) of one drafter block against keys [n0, n1): folds whether any
+// and whether all of the pairs are visible into any / all.
+__device__ __forceinline__ void drafter_rows_class(const AttentionParams& p, int b, int q, int qe,
+                                                   int n0, int n1, bool& any, bool& all) {
+  const RowRaw r = row_raw(p, b, /*h=*/0, q);  // the drafter's rows do not read h
+  if (r.k) {
+    const int4 f = row_data(p, q, r);  // the block's first row
+    const int w_last = KC_DRAFTER_CAUSAL ? p.drafter_context_len + qe : f.w;  // its last sees most
+    any = any || (n0 < f.y && n1 > f.x) || (n0 < w_last && n1 > f.z);
+    all = all && ((n0 >= f.x && n1 <= f.y) || (n0 >= f.z && n1 <= f.w));
+  } else {
+    all = false;
+  }
+}
+#endif
+
 // Class of the tile pair (queries [m0, m0 + rows), keys [n0, n0 + cols))
 // for the masks decided per thread (none, causal, window, drafter): 0
 // empty, 1 partial, 2 full. Document and expression masks are classified by
@@ -309,20 +347,10 @@ __device__ __forceinline__ int classify_pair(const AttentionParams& p, int b, in
 #elif KC_MASK == KC_MASK_DRAFTER
   (void)off;
   constexpr int kBlk = KC_DRAFTER_BLOCK;
-  const int ctx_len = p.drafter_context_len;
   bool any = false, all = inb;
   for (int q = m0; q < m1;) {
-    const int j = q / kBlk;
-    const int qe = imin(m1, (j + 1) * kBlk);     // rows [q, qe) are block j
-    const RowRaw r = row_raw(p, b, /*h=*/0, q);  // the drafter's rows do not read h
-    if (r.k) {
-      const int4 f = row_data(p, q, r);  // the block's first row in the tile
-      const int w_last = KC_DRAFTER_CAUSAL ? ctx_len + qe : f.w;  // its last row sees most
-      any = any || (n0 < f.y && n1 > f.x) || (n0 < w_last && n1 > f.z);
-      all = all && ((n0 >= f.x && n1 <= f.y) || (n0 >= f.z && n1 <= f.w));
-    } else {
-      all = false;
-    }
+    const int qe = imin(m1, (q / kBlk + 1) * kBlk);  // rows [q, qe) are one block
+    drafter_rows_class(p, b, q, qe, n0, n1, any, all);
     q = qe;
   }
   return any ? (all ? 2 : 1) : 0;
@@ -929,10 +957,15 @@ extern "C" __global__ void __launch_bounds__(KC_BWD_NUM_WARPS * 32, 256 / (KC_BW
   int4* rowdata = reinterpret_cast<int4*>(base);  // [2][kBM]
   unsigned* list = reinterpret_cast<unsigned*>(base + 2 * kBM * 16);
   int* misc = reinterpret_cast<int*>(base + 2 * kBM * 16 + 4 * kList);
+  // kBwdDrafterSort: query step qt holds blocks order[qt * kBwdBlocksPerStep + i].
+  unsigned short* order = reinterpret_cast<unsigned short*>(base + 2 * kBM * 16 + 4 * kList + 16);
   static_assert(2 * kQB + 2 * kOB + kBN * (kDQK + kDV) * 2 + kDsBufs * kSB + 2 * kBM * 8 +
-                        2 * kBM * 16 + 4 * kList + 16 + (kWg ? 1024 : 0) + kDqStage ==
+                        2 * kBM * 16 + 4 * kList + 16 + (kWg ? 1024 + 2 * kBwdSortCap : 0) +
+                        kDqStage ==
                     AttentionBwdDkdvSmemBytes(KC_ARCH, kBM, kBN, kDQK, kDV, kWg),
                 "shared-memory layout out of step with attention_tiles.h");
+  static_assert(!kBwdDrafterSort || kBwdSortCap * 8 <= 2 * (kQB + kOB),
+                "the sort's keys live in the Q / dO stages");
   const float* lse_s = reinterpret_cast<const float*>(sbase + (sLse - sK));
   const float* del_s = reinterpret_cast<const float*>(sbase + (sDel - sK));
 
@@ -941,6 +974,33 @@ extern "C" __global__ void __launch_bounds__(KC_BWD_NUM_WARPS * 32, 256 / (KC_BW
   load_rows<kBN, kDQK, kWg>(sK, kg, p.k_stride_s, n0, kv_len, tid);
   load_rows<kBN, kDV, kWg>(sV, vg, p.v_stride_s, n0, kv_len, tid);
   cp_async_commit();
+
+  bool permute = false;  // kBwdDrafterSort, this CTA: steps of sorted blocks
+#if KC_MASK == KC_MASK_DRAFTER
+  if constexpr (kBwdDrafterSort) {
+    const int nb = p.drafter_num_blocks;
+    int np2 = 1;
+    while (np2 < nb) np2 *= 2;
+    permute = q_len == nb * kBwdBlk && q_len % kBM == 0 && np2 <= kBwdSortCap &&
+              n0 < p.drafter_context_len && n_q_tiles <= kList;
+    if (permute) {
+      // The keys live in the Q / dO stages, unused until the first prefetch.
+      unsigned long long* keys = reinterpret_cast<unsigned long long*>(sbase + (sQ - sK));
+      permute = attn_fwd::drafter_sort_blocks<kThreads>(keys, p, b, nb, np2, tid);
+      if (permute) {
+        for (int i = tid; i < nb; i += kThreads) order[i] = static_cast<unsigned short>(keys[i]);
+        __syncthreads();  // the order is read below; the keys' space is reused
+      }
+    }
+  }
+#endif
+  // Query index of row r of query step qt.
+  auto q_row = [&](int qt, int r) -> int {
+    if (kBwdDrafterSort && permute) {
+      return static_cast<int>(order[qt * kBwdBlocksPerStep + r / kBwdBlk]) * kBwdBlk + r % kBwdBlk;
+    }
+    return qt * kBM + r;
+  };
 
   // ---- the walk: items (query head within the group, query tile, class) --
   int qt_lo = 0, qt_hi = n_q_tiles;
@@ -975,8 +1035,19 @@ extern "C" __global__ void __launch_bounds__(KC_BWD_NUM_WARPS * 32, 256 / (KC_BW
                             n_q_tiles, q_len, warp, lane);
 #elif KC_MASK == KC_MASK_DRAFTER
     for (int qt = tid; qt < n_q_tiles; qt += kThreads) {
-      list[qt] =
-          static_cast<unsigned>(classify_pair(p, b, qt * kBM, kBM, n0, kBN, q_len, kv_len, off));
+      int c;
+      if (kBwdDrafterSort && permute) {  // whole steps of whole blocks
+        const int n1 = imin(n0 + kBN, kv_len);
+        bool any = false, all = n1 - n0 == kBN;
+        for (int i = 0; i < kBwdBlocksPerStep; ++i) {
+          const int q = q_row(qt, i * kBwdBlk);
+          drafter_rows_class(p, b, q, q + kBwdBlk, n0, n1, any, all);
+        }
+        c = any ? (all ? 2 : 1) : 0;
+      } else {
+        c = classify_pair(p, b, qt * kBM, kBM, n0, kBN, q_len, kv_len, off);
+      }
+      list[qt] = static_cast<unsigned>(c);
     }
 #else
     const bool kv_inb = n0 + kBN <= kv_len;
@@ -1024,19 +1095,23 @@ extern "C" __global__ void __launch_bounds__(KC_BWD_NUM_WARPS * 32, 256 / (KC_BW
     item_of(it, hh, qt, cls);
     const int hq = hkv * group + hh;
     const int m0 = qt * kBM;
-    load_rows<kBM, kDQK, kWg>(
-        sQ + st * (kQB + kOB),
-        static_cast<const elem_t*>(p.q) + b * p.q_stride_b + hq * p.q_stride_h, p.q_stride_s, m0,
-        q_len, tid);
-    load_rows<kBM, kDV, kWg>(
-        sQ + st * (kQB + kOB) + kQB,
-        static_cast<const elem_t*>(p.dout) + b * p.do_stride_b + hq * p.do_stride_h, p.do_stride_s,
-        m0, q_len, tid);
+    const elem_t* qg = static_cast<const elem_t*>(p.q) + b * p.q_stride_b + hq * p.q_stride_h;
+    const elem_t* og = static_cast<const elem_t*>(p.dout) + b * p.do_stride_b + hq * p.do_stride_h;
+    if (kBwdDrafterSort && permute) {  // whole blocks, every row below q_len
+      auto row_of = [&](int r) { return q_row(qt, r); };
+      attn_fwd::load_tile_rows<kBM, kDQK, kThreads, kWg>(sQ + st * (kQB + kOB), qg, p.q_stride_s,
+                                                         row_of, tid);
+      attn_fwd::load_tile_rows<kBM, kDV, kThreads, kWg>(sQ + st * (kQB + kOB) + kQB, og,
+                                                        p.do_stride_s, row_of, tid);
+    } else {
+      load_rows<kBM, kDQK, kWg>(sQ + st * (kQB + kOB), qg, p.q_stride_s, m0, q_len, tid);
+      load_rows<kBM, kDV, kWg>(sQ + st * (kQB + kOB) + kQB, og, p.do_stride_s, m0, q_len, tid);
+    }
     if (tid < kBM) {
-      const bool ok = m0 + tid < q_len;
-      const float* l = p.lse + b * p.lse_stride_b + hq * p.lse_stride_h + m0 + tid;
-      const float* d =
-          p.delta + (static_cast<long long>(b) * p.num_q_heads + hq) * q_len + m0 + tid;
+      const int q = q_row(qt, tid);
+      const bool ok = q < q_len;
+      const float* l = p.lse + b * p.lse_stride_b + hq * p.lse_stride_h + q;
+      const float* d = p.delta + (static_cast<long long>(b) * p.num_q_heads + hq) * q_len + q;
       cp_async4(sLse + (st * kBM + tid) * 4, ok ? l : p.lse, ok);
       cp_async4(sDel + (st * kBM + tid) * 4, ok ? d : p.delta, ok);
     }
@@ -1059,7 +1134,8 @@ extern "C" __global__ void __launch_bounds__(KC_BWD_NUM_WARPS * 32, 256 / (KC_BW
       if (tid < kBM) {
         int hh, qt, cls;
         item_of(0, hh, qt, cls);
-        rowdata[tid] = row_data(p, qt * kBM + tid, row_raw(p, b, hkv * group + hh, qt * kBM + tid));
+        const int q = q_row(qt, tid);
+        rowdata[tid] = row_data(p, q, row_raw(p, b, hkv * group + hh, q));
       }
     }
   }
@@ -1266,9 +1342,22 @@ extern "C" __global__ void __launch_bounds__(KC_BWD_NUM_WARPS * 32, 256 / (KC_BW
     const bool whole = m0 + kBM <= q_len;
     if (whole) fence_proxy_async();  // the staged partials -> the bulk reduction
     named_bar_sync(3 + wg, 128);
-    float* const tile =
-        p.dq_accum + ((static_cast<long long>(b) * p.num_q_heads + hq) * q_len + m0) * kDQK;
-    if (whole) {
+    float* const head =
+        p.dq_accum + (static_cast<long long>(b) * p.num_q_heads + hq) * q_len * kDQK;
+    float* const tile = head + static_cast<long long>(m0) * kDQK;
+    if (kBwdDrafterSort && permute) {
+      // Gathered rows (whole steps): the 16 rows of staged threads 32 w + [0, 32)
+      // are 16 consecutive rows of one block, at their own place in dq_accum's
+      // whole-step order (512 bytes per column block nt); 32 bulk reductions.
+      if (wtid < 32) {
+        const int w4 = wtid >> 3, nt = wtid & 7;
+        const int q = q_row(m0 / kBM, 16 * w4);
+        float* dst = head + static_cast<long long>(q & ~(kBM - 1)) * kDQK +
+                     (kDQK == 128 ? wg * 64 * 64 : 0) +
+                     (nt * 128 + 32 * ((q & (kBM - 1)) >> 4)) * 4;
+        bulk_reduce_add_f32(dst, stage + (nt * 128 + 32 * w4) * 16, 512);
+      }
+    } else if (whole) {
       if (wtid == 0)
         bulk_reduce_add_f32(tile + (kDQK == 128 ? wg * 64 * 64 : 0), stage, kDqStage / 2);
     } else {
@@ -1315,7 +1404,7 @@ extern "C" __global__ void __launch_bounds__(KC_BWD_NUM_WARPS * 32, 256 / (KC_BW
 #if KC_BWD_WGMMA
     fence_proxy_async();  // cp.async writes (and kWgDqLag's dS^T stores) -> wgmma reads
 #if !KC_DETERMINISTIC
-    if (wtid == 0) bulk_wait_read();  // sDq free for dQ(it - 1)
+    if (wtid < 32) bulk_wait_read();  // sDq free for dQ(it - 1) (the threads that issued)
 #endif
 #endif
     __syncthreads();  // item it landed; everyone is done with item it - 1
@@ -1327,7 +1416,7 @@ extern "C" __global__ void __launch_bounds__(KC_BWD_NUM_WARPS * 32, 256 / (KC_BW
         if (tid < kBM) {
           int hh, qt, cls;
           item_of(it + 1, hh, qt, cls);
-          next_q = qt * kBM + tid;
+          next_q = q_row(qt, tid);
           next_raw = row_raw(p, b, hkv * group + hh, next_q);
         }
       }
@@ -1607,11 +1696,11 @@ extern "C" __global__ void __launch_bounds__(KC_BWD_NUM_WARPS * 32, 256 / (KC_BW
 #if KC_BWD_WGMMA && !KC_DETERMINISTIC
   if (n_items > 0) {  // the last step's dQ
     fence_proxy_async();
-    if (wtid == 0) bulk_wait_read();
+    if (wtid < 32) bulk_wait_read();
     __syncthreads();  // its dS^T complete
     wg_dq(n_items - 1, prev_hq, prev_m0);
   }
-  if (wtid == 0) bulk_wait_all();  // sDq read before the CTA's shared memory goes
+  if (wtid < 32) bulk_wait_all();  // sDq read before the CTA's shared memory goes
 #endif
 #if !KC_DETERMINISTIC
   if constexpr (kDqLag) {

@@ -180,6 +180,18 @@ constexpr bool kDrafterSort = KC_MASK == KC_MASK_DRAFTER && KC_DRAFTER_BLOCK <= 
                               (KC_SCORE_MOD == KC_SCORE_NONE || KC_SCORE_MOD == KC_SCORE_SOFTCAP);
 // 64-bit keys in the K/V stages: at least 2048 (d64, block_n 32, 2 stages).
 constexpr int kSortCap = pow2_floor(kStages * (kKBytes + kVBytes) / 8);
+// Sorted blocks (permuted tiles) with square tiles: the tile's own keys
+// (each block's kBlk keys past the context) are gathered into one key tile,
+// kOwnTile in the tile list, whose column c holds the own key of tile row c's
+// block at offset c % kBlk, so its mask is block-diagonal (row r sees column
+// c iff both are of one block, and with causal blocks c % kBlk <= r % kBlk).
+// Other tiles then test the context ranges only. A permuted tile's blocks
+// are scattered over the own keys: without it, each of its kBM / kBlk
+// blocks costs a whole key tile for kBlk visible columns (random anchors:
+// 8 own tiles per query tile beside ~12 context tiles on the drafter
+// training shape).
+constexpr bool kOwnGather = kDrafterSort && kBM == kBN;
+constexpr int kOwnTile = 0x3fff;  // tile-list index of the gathered tile
 
 // ---------------------------------------------------------------------------
 // PTX wrappers
@@ -467,30 +479,89 @@ __device__ __forceinline__ void load_tile(unsigned sdst, const elem_t* g, long l
 
 // The same for a gathered tile: tile row r comes from source row row_of(r),
 // zero-filled when that is negative (the drafter's permuted query rows).
-template <int ROWS, int D, typename RowOf>
+// ROLLED: a loop that is not unrolled (a tile loaded once per CTA, where
+// code size costs NVRTC time and the copy's issue rate does not matter).
+template <int ROWS, int D, int THREADS = kThreads, bool WGMMA = kWgmma, bool ROLLED = false,
+          typename RowOf>
 __device__ __forceinline__ void load_tile_rows(unsigned sdst, const elem_t* g, long long stride,
                                                RowOf row_of, int tid) {
   constexpr int kChunks = D / 8;
   constexpr int kTotal = ROWS * kChunks;
-  static_assert(kTotal % kThreads == 0, "tile copy does not divide among threads");
-#pragma unroll
-  for (int i = 0; i < kTotal / kThreads; ++i) {
-    const int idx = tid + i * kThreads;
+  static_assert(kTotal % THREADS == 0, "tile copy does not divide among threads");
+  auto copy = [&](int idx) {
     const int r = idx / kChunks;
     const int c = idx % kChunks;
     const int src_row = row_of(r);
     const bool ok = src_row >= 0;
     const elem_t* src = ok ? g + (long long)src_row * stride + c * 8 : g;
-    if constexpr (kWgmma) {
+    if constexpr (WGMMA) {
       cp_async16(sdst + (c >> 3) * (ROWS * 128) + r * 128 + (((c & 7) ^ (r & 7)) << 4), src, ok);
     } else {
       cp_async16(sdst + r * (D * 2) + ((c ^ (r & 7)) << 4), src, ok);
     }
+  };
+  if constexpr (ROLLED) {
+#pragma unroll 1
+    for (int idx = tid; idx < kTotal; idx += THREADS) copy(idx);
+  } else {
+#pragma unroll
+    for (int i = 0; i < kTotal / THREADS; ++i) copy(tid + i * THREADS);
   }
 }
 
 __device__ __forceinline__ int imin(int a, int b) { return a < b ? a : b; }
 __device__ __forceinline__ int imax(int a, int b) { return a > b ? a : b; }
+
+#if KC_MASK == KC_MASK_DRAFTER
+// Batch row b's nb drafter blocks as keys (sort anchor << 32 | block index) in
+// keys[0, np2) (padding ~0 sorts last; np2: a power of two >= nb), sorted
+// ascending by THREADS threads (bitonic, ~log2(np2)^2 / 2 barriers) unless
+// they are in order already. Returns to every thread whether they were out
+// of order, i.e. whether keys now hold a permutation other than the identity
+// (in order, e.g. sorted anchors: false, and the caller keeps its identity
+// path; the test is exact, the keys being distinct, and a wrong answer would
+// only pick the other of two correct orders). The sort anchor is the anchor
+// clamped to [0, context] plus one; dropped blocks see nothing and sort
+// first (0). Used by the forward (its query tiles) and the dK/dV kernel
+// (its query steps).
+template <int THREADS>
+__device__ bool drafter_sort_blocks(unsigned long long* keys, const AttentionParams& p, int b,
+                                    int nb, int np2, int tid) {
+  const int ctx = p.drafter_context_len;
+  const kc_i32* anc = p.drafter_anchor + b * p.drafter_stride_b;
+  const kc_i8* kp = p.drafter_keep == nullptr ? nullptr : p.drafter_keep + b * p.drafter_stride_b;
+  auto sort_anchor = [&](int i) -> int {
+    return (kp == nullptr || kp[i] != 0) ? imax(0, imin(anc[i], ctx)) + 1 : 0;
+  };
+  bool unordered = false;
+  for (int i = tid; i < np2; i += THREADS) {
+    unsigned long long key = ~0ull;
+    if (i < nb) {
+      const int a = sort_anchor(i);
+      key = (static_cast<unsigned long long>(a) << 32) | static_cast<unsigned>(i);
+      // The low half is the block index: the keys are in order iff every
+      // adjacent pair of sort anchors is.
+      if (i + 1 < nb && a > sort_anchor(i + 1)) unordered = true;
+    }
+    keys[i] = key;
+  }
+  if (__syncthreads_or(unordered) == 0) return false;
+  for (int k = 2; k <= np2; k <<= 1) {
+    for (int jj = k >> 1; jj > 0; jj >>= 1) {
+      for (int t = tid; t < np2 / 2; t += THREADS) {
+        const int i = ((t & ~(jj - 1)) << 1) | (t & (jj - 1));  // pair (i, i + jj)
+        const unsigned long long x = keys[i], y = keys[i + jj];
+        if ((x > y) == ((i & k) == 0)) {
+          keys[i] = y;
+          keys[i + jj] = x;
+        }
+      }
+      __syncthreads();
+    }
+  }
+  return true;
+}
+#endif
 
 #if KC_MASK == KC_MASK_CAUSAL || KC_MASK == KC_MASK_SLIDING_WINDOW
 #if KC_MASK == KC_MASK_CAUSAL
@@ -545,6 +616,7 @@ extern "C" __global__ void __launch_bounds__(KC_NUM_WARPS * 32)
   int* misc = reinterpret_cast<int*>(sbase + kMiscOff);
 #endif
 
+  bool gather = false;  // kOwnGather, this tile (below)
 #if KC_MASK == KC_MASK_DRAFTER
   // Sorted drafter blocks (kDrafterSort above). The tile's rows come from
   // src_row(r) (-1: past q_len). The keys are read before the barrier that
@@ -564,53 +636,13 @@ extern "C" __global__ void __launch_bounds__(KC_NUM_WARPS * 32)
       // it pays when the context spans several key tiles (a guess, not tuned).
       permute = q_len == nb * KC_DRAFTER_BLOCK && nb > kBlocksPerTile && np2 <= kSortCap &&
                 ctx >= 2 * kBN && ctx >= np2;
-      if (permute) {
-        const kc_i32* anc = p.drafter_anchor + b * p.drafter_stride_b;
-        const kc_i8* kp =
-            p.drafter_keep == nullptr ? nullptr : p.drafter_keep + b * p.drafter_stride_b;
-        // Dropped blocks see nothing: they sort first (0).
-        auto sort_anchor = [&](int i) -> int {
-          return (kp == nullptr || kp[i] != 0) ? imax(0, imin(anc[i], ctx)) + 1 : 0;
-        };
-        bool unordered = false;
-        for (int i = tid; i < np2; i += kThreads) {
-          unsigned long long key = ~0ull;  // padding sorts last
-          if (i < nb) {
-            const int a = sort_anchor(i);
-            key = (static_cast<unsigned long long>(a) << 32) | static_cast<unsigned>(i);
-            // The key's low half is the block index, so the keys are in order
-            // iff every adjacent pair of sort anchors is.
-            if (i + 1 < nb && a > sort_anchor(i + 1)) unordered = true;
-          }
-          skeys[i] = key;
-        }
-        // Keys already in order (e.g. sorted anchors): the sort would be the
-        // identity, i.e. the unpermuted path, so take that and skip the
-        // ~log2(n)^2 / 2 barriers. The test is exact (distinct keys), and a
-        // wrong answer would only pick the other of two correct orders.
-        // permute is uniform over the CTA before and after
-        // (__syncthreads_or gives every thread the same result).
-        permute = __syncthreads_or(unordered) != 0;
-      }
-      if (permute) {
-        for (int k = 2; k <= np2; k <<= 1) {
-          for (int jj = k >> 1; jj > 0; jj >>= 1) {
-            for (int t = tid; t < np2 / 2; t += kThreads) {
-              const int i = ((t & ~(jj - 1)) << 1) | (t & (jj - 1));  // pair (i, i + jj)
-              const unsigned long long x = skeys[i], y = skeys[i + jj];
-              if ((x > y) == ((i & k) == 0)) {
-                skeys[i] = y;
-                skeys[i + jj] = x;
-              }
-            }
-            __syncthreads();
-          }
-        }
-      }
+      if (permute) permute = drafter_sort_blocks<kThreads>(skeys, p, b, nb, np2, tid);
     }
     (void)skeys;
     (void)nb;
   }
+  // kOwnGather: this tile's own keys come as one gathered tile.
+  gather = kOwnGather && permute && n_kv_tiles <= kAttnMaxListTiles;
   auto src_row = [&](int r) -> int {
     if constexpr (kDrafterSort) {
       if (permute) {
@@ -746,9 +778,9 @@ extern "C" __global__ void __launch_bounds__(KC_NUM_WARPS * 32)
         const int4 f = rowdata[r];
         const int own_hi_any = rowdata[r_end - 1].w;  // causal: the last row sees most
         const bool ctx_any = n0 < f.y && n1 > f.x;
-        const bool own_any = f.z < own_hi_any && n0 < own_hi_any && n1 > f.z;
+        const bool own_any = !gather && f.z < own_hi_any && n0 < own_hi_any && n1 > f.z;
         const bool ctx_all = n0 >= f.x && n1 <= f.y;
-        const bool own_all = n0 >= f.z && n1 <= f.w;  // f.w: the first row sees least
+        const bool own_all = !gather && n0 >= f.z && n1 <= f.w;  // f.w: the first row sees least
         any = any || ctx_any || own_any;
         all = all && (ctx_all || own_all);
         r = r_end;
@@ -800,6 +832,10 @@ extern "C" __global__ void __launch_bounds__(KC_NUM_WARPS * 32)
         count += __popc(bal);
         __syncwarp();
       }
+      // The gathered own tile last (always partial; capacity: the own key
+      // tiles past the context left the list).
+      if (gather && lane == 0) tile_list[count] = static_cast<unsigned short>(kOwnTile | (1 << 14));
+      if (gather) ++count;
       if (lane == 0) misc[0] = count;
     }
     __syncthreads();
@@ -808,6 +844,23 @@ extern "C" __global__ void __launch_bounds__(KC_NUM_WARPS * 32)
     n_iter = n_kv_tiles;  // every tile, each treated as partial
   }
 #endif
+
+  // K and V of key tile t into the stage at (dk, dv).
+  auto load_kv = [&](int t, unsigned dk, unsigned dv) {
+#if KC_MASK == KC_MASK_DRAFTER
+    if (kOwnGather && t == kOwnTile) {  // row c: the own key of tile row c's block
+      auto own_row = [&](int c) -> int {
+        const int kv = rowdata[c].z + c % KC_DRAFTER_BLOCK;
+        return c <= mlast - m0 && kv < kv_len ? kv : -1;
+      };
+      load_tile_rows<kBN, kDQK, kThreads, kWgmma, true>(dk, kg, p.k_stride_s, own_row, tid);
+      load_tile_rows<kBN, kDV, kThreads, kWgmma, true>(dv, vg, p.v_stride_s, own_row, tid);
+      return;
+    }
+#endif
+    load_tile<kBN, kDQK>(dk, kg, p.k_stride_s, t * kBN, kv_len, tid);
+    load_tile<kBN, kDV>(dv, vg, p.v_stride_s, t * kBN, kv_len, tid);
+  };
 
   // ------------------------------------------------------------------------
   // Prologue of the K/V pipeline: tiles 0 .. kPrefetch - 1, one group each.
@@ -826,10 +879,7 @@ extern "C" __global__ void __launch_bounds__(KC_NUM_WARPS * 32)
     }
     __syncthreads();
     if (n_iter > 0) {
-      load_tile<kBN, kDQK>(sK, kg, p.k_stride_s, (use_list ? (tile_list[0] & 0x3fff) : first) * kBN,
-                           kv_len, tid);
-      load_tile<kBN, kDV>(sV, vg, p.v_stride_s, (use_list ? (tile_list[0] & 0x3fff) : first) * kBN,
-                          kv_len, tid);
+      load_kv(use_list ? (tile_list[0] & 0x3fff) : first, sK, sV);
       mbar_arrive_cp_async(bar_full);
     }
   } else
@@ -837,9 +887,7 @@ extern "C" __global__ void __launch_bounds__(KC_NUM_WARPS * 32)
 #pragma unroll
     for (int s = 0; s < kPrefetch; ++s) {
       if (s < n_iter) {
-        const int t = use_list ? (tile_list[s] & 0x3fff) : first + s;
-        load_tile<kBN, kDQK>(sK + s * kKBytes, kg, p.k_stride_s, t * kBN, kv_len, tid);
-        load_tile<kBN, kDV>(sV + s * kVBytes, vg, p.v_stride_s, t * kBN, kv_len, tid);
+        load_kv(use_list ? (tile_list[s] & 0x3fff) : first + s, sK + s * kKBytes, sV + s * kVBytes);
       }
       cp_async_commit();
     }
@@ -932,49 +980,86 @@ extern "C" __global__ void __launch_bounds__(KC_NUM_WARPS * 32)
   // sees the tile (mma.sync skips it; wgmma, collective over the warpgroup,
   // takes part in the MMAs but skips the softmax and adds P = 0), 2 when all
   // see all of it.
+  // kOwnGather: the gathered own tile's bits (block-diagonal; rows past
+  // q_len and dropped blocks have z == w). Once per CTA: a rolled loop.
+  auto own_tile_bits = [&](unsigned(&vbits)[kVW]) {
+#if KC_MASK == KC_MASK_DRAFTER
+    constexpr int kBlk = KC_DRAFTER_BLOCK;
+#pragma unroll
+    for (int w = 0; w < kVW; ++w) {
+      unsigned bits = 0u;
+#pragma unroll 1
+      for (int i = 0; i < 32 && w * 32 + i < kElems; ++i) {
+        const int bit = w * 32 + i;  // (mt * kNT + nt) * 4 + hh * 2 + c
+        const int col = ((bit >> 2) % kNT) * 8 + 2 * t4 + (bit & 1);
+        const int row = warp * kWM + ((bit >> 2) / kNT) * 16 + g + ((bit >> 1) & 1) * 8;
+        const int4 rd = rowdata[row];
+        const bool vis = col / kBlk == row / kBlk && rd.z < rd.w && rd.z + col % kBlk < kv_len &&
+                         (!KC_DRAFTER_CAUSAL || col % kBlk <= row % kBlk);
+        bits |= (vis ? 1u : 0u) << i;
+      }
+      vbits[w] = bits;
+    }
+#else
+    (void)vbits;
+#endif
+  };
+
+  // Keys a real tile may show: with the own keys gathered, those past the
+  // context are the own tile's alone (a tile straddling the context's end
+  // would count them twice).
+#if KC_MASK == KC_MASK_DRAFTER
+  const int kv_end = gather ? imin(kv_len, ctx_len) : kv_len;
+#else
+  const int kv_end = kv_len;
+#endif
   auto visibility = [&](int n0, unsigned(&vbits)[kVW]) -> int {
 #pragma unroll
     for (int w = 0; w < kVW; ++w) vbits[w] = 0u;
+    if (kOwnGather && gather && n0 == kOwnTile * kBN) {
+      own_tile_bits(vbits);
+    } else {
       // Row data of this thread's rows (list masks that need it).
 #if KC_MASK_ROW_DATA
-    int4 rd[kMT][2];
+      int4 rd[kMT][2];
 #pragma unroll
-    for (int mt = 0; mt < kMT; ++mt) {
+      for (int mt = 0; mt < kMT; ++mt) {
 #pragma unroll
-      for (int hh = 0; hh < 2; ++hh) rd[mt][hh] = rowdata[warp * kWM + mt * 16 + g + hh * 8];
-    }
+        for (int hh = 0; hh < 2; ++hh) rd[mt][hh] = rowdata[warp * kWM + mt * 16 + g + hh * 8];
+      }
 #endif
 #pragma unroll
-    for (int nt = 0; nt < kNT; ++nt) {
+      for (int nt = 0; nt < kNT; ++nt) {
 #pragma unroll
-      for (int c = 0; c < 2; ++c) {
-        const int kv = n0 + nt * 8 + 2 * t4 + c;
+        for (int c = 0; c < 2; ++c) {
+          const int kv = n0 + nt * 8 + 2 * t4 + c;
 #if KC_MASK == KC_MASK_DOCUMENT
-        const int kv_id = kv < kv_len ? kv_ids[kv] : 0;
+          const int kv_id = kv < kv_len ? kv_ids[kv] : 0;
 #endif
 #pragma unroll
-        for (int mt = 0; mt < kMT; ++mt) {
+          for (int mt = 0; mt < kMT; ++mt) {
 #pragma unroll
-          for (int hh = 0; hh < 2; ++hh) {
-            const int q = row_base + mt * 16 + hh * 8;
-            bool vis = kv < kv_len;
+            for (int hh = 0; hh < 2; ++hh) {
+              const int q = row_base + mt * 16 + hh * 8;
+              bool vis = kv < kv_end;
 #if KC_MASK == KC_MASK_CAUSAL || KC_MASK == KC_MASK_SLIDING_WINDOW
-            // kv - (q + off) within [-left, right]; written as bounds on kv.
-            if (kWinLeft >= 0) vis = vis && kv >= q + off - kWinLeft;
-            if (kWinRight >= 0) vis = vis && kv <= q + off + kWinRight;
+              // kv - (q + off) within [-left, right]; written as bounds on kv.
+              if (kWinLeft >= 0) vis = vis && kv >= q + off - kWinLeft;
+              if (kWinRight >= 0) vis = vis && kv <= q + off + kWinRight;
 #elif KC_MASK == KC_MASK_DOCUMENT
-            vis = vis && kv_id == rd[mt][hh].x && (!KC_DOC_CAUSAL || kv <= q);
+              vis = vis && kv_id == rd[mt][hh].x && (!KC_DOC_CAUSAL || kv <= q);
 #elif KC_MASK == KC_MASK_DRAFTER
-            vis = vis && ((kv >= rd[mt][hh].x && kv < rd[mt][hh].y) ||
-                          (kv >= rd[mt][hh].z && kv < rd[mt][hh].w));
+              vis = vis && ((kv >= rd[mt][hh].x && kv < rd[mt][hh].y) ||
+                            (kv >= rd[mt][hh].z && kv < rd[mt][hh].w));
 #elif KC_MASK == KC_MASK_EXPR && KC_EXPR_MASK_ROW
-            vis = vis && kc_expr_mask_rd(rd[mt][hh], b, h, q, kv, p);
+              vis = vis && kc_expr_mask_rd(rd[mt][hh], b, h, q, kv, p);
 #elif KC_MASK == KC_MASK_EXPR
-            vis = vis && kc_expr_mask(b, h, q, kv, p);
+              vis = vis && kc_expr_mask(b, h, q, kv, p);
 #endif
-            (void)q;
-            const int bit = (mt * kNT + nt) * 4 + hh * 2 + c;
-            if (vis) vbits[bit >> 5] |= 1u << (bit & 31);
+              (void)q;
+              const int bit = (mt * kNT + nt) * 4 + hh * 2 + c;
+              if (vis) vbits[bit >> 5] |= 1u << (bit & 31);
+            }
           }
         }
       }
@@ -1102,9 +1187,7 @@ extern "C" __global__ void __launch_bounds__(KC_NUM_WARPS * 32)
 
   // K and V of iteration ip into stage st.
   auto prefetch = [&](int ip, int st) {
-    const int t = use_list ? (tile_list[ip] & 0x3fff) : first + ip;
-    load_tile<kBN, kDQK>(sK + st * kKBytes, kg, p.k_stride_s, t * kBN, kv_len, tid);
-    load_tile<kBN, kDV>(sV + st * kVBytes, vg, p.v_stride_s, t * kBN, kv_len, tid);
+    load_kv(use_list ? (tile_list[ip] & 0x3fff) : first + ip, sK + st * kKBytes, sV + st * kVBytes);
   };
 
   // mma.sync: S = Q K^T and O += P V for the tile in `stage`.

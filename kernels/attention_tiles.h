@@ -160,8 +160,10 @@ constexpr int kAttnBwdMaxList = 1024;
 // tile (two on sm_90+, where the dQ of a query step runs one step late:
 // AttentionBwdDsBuffers), two stages of (LSE, delta) and of per-row mask
 // data, the tile list and counters. sm_90a (wgmma): 1024 bytes of slack to
-// align the tiles to wgmma's 1024-byte swizzle atoms, and a query step's fp32
-// dQ partials (each warpgroup's 64 x 64 block), staged for one bulk reduction.
+// align the tiles to wgmma's 1024-byte swizzle atoms, the drafter's block
+// order (2 bytes per block, up to kAttnBwdMaxList blocks; attention_bwd.cuh,
+// kBwdDrafterSort), and a query step's fp32 dQ partials (each warpgroup's
+// 64 x 64 block), staged for one bulk reduction.
 KC_TILES_HD constexpr int AttentionBwdDsBuffers(int arch) { return arch >= 90 ? 2 : 1; }
 KC_TILES_HD constexpr int AttentionBwdDqStageBytes(int block_m, bool wgmma) {
   return wgmma ? 2 * block_m * 64 * 4 : 0;
@@ -170,7 +172,8 @@ KC_TILES_HD constexpr int AttentionBwdDkdvSmemBytes(int arch, int block_m, int b
                                                     int dv, bool wgmma = false) {
   return block_n * (dqk + dv) * 2 + 2 * block_m * (dqk + dv) * 2 +
          AttentionBwdDsBuffers(arch) * block_n * block_m * 2 + 2 * block_m * 8 + 2 * block_m * 16 +
-         4 * kAttnBwdMaxList + 16 + (wgmma ? 1024 : 0) + AttentionBwdDqStageBytes(block_m, wgmma);
+         4 * kAttnBwdMaxList + 16 + (wgmma ? 1024 + 2 * kAttnBwdMaxList : 0) +
+         AttentionBwdDqStageBytes(block_m, wgmma);
 }
 
 // Whether the dK/dV kernel runs its products as wgmma (attention_bwd.cuh,

@@ -103,7 +103,8 @@ def bwd_smem_dkdv(arch, bm, bn, dqk, dv, sm90a=False):
     ds_buffers = 2 if arch >= 90 else 1  # kcache::AttentionBwdDsBuffers
     return (bn * (dqk + dv) * 2 + 2 * bm * (dqk + dv) * 2 + ds_buffers * bn * bm * 2 + 2 * bm * 8
             + 2 * bm * 16 + 4 * BWD_MAX_LIST + 16
-            + (1024 + 2 * bm * 64 * 4 if bwd_wgmma(arch, dqk, dv, sm90a) else 0))  # + dQ stage
+            # wgmma: alignment slack, the drafter's block order, the dQ stage
+            + (1024 + 2 * BWD_MAX_LIST + 2 * bm * 64 * 4 if bwd_wgmma(arch, dqk, dv, sm90a) else 0))
 
 
 def bwd_smem_dq(bm, bn, dqk, dv):
