@@ -546,17 +546,27 @@ __device__ bool drafter_sort_blocks(unsigned long long* keys, const AttentionPar
     keys[i] = key;
   }
   if (__syncthreads_or(unordered) == 0) return false;
+  // Pair t of a stage is (i, i + jj), i = ((t & ~(jj - 1)) << 1) | (t & (jj - 1)),
+  // and a thread takes pairs tid + m * THREADS: for jj <= 32 all of a warp's
+  // pairs stay within its own 64-key runs (i >> 6 == t >> 5). Between two such
+  // stages the warp reads only its own writes (__syncwarp); a CTA barrier only
+  // around the stages of larger jj (512 blocks: 10 barriers instead of 45).
   for (int k = 2; k <= np2; k <<= 1) {
     for (int jj = k >> 1; jj > 0; jj >>= 1) {
       for (int t = tid; t < np2 / 2; t += THREADS) {
-        const int i = ((t & ~(jj - 1)) << 1) | (t & (jj - 1));  // pair (i, i + jj)
+        const int i = ((t & ~(jj - 1)) << 1) | (t & (jj - 1));
         const unsigned long long x = keys[i], y = keys[i + jj];
         if ((x > y) == ((i & k) == 0)) {
           keys[i] = y;
           keys[i + jj] = x;
         }
       }
-      __syncthreads();
+      const int next = jj > 1 ? jj >> 1 : k;  // the next stage's jj
+      if (jj > 32 || next > 32 || (jj == 1 && k == np2)) {
+        __syncthreads();
+      } else {
+        __syncwarp();
+      }
     }
   }
   return true;
