@@ -651,8 +651,10 @@ extern "C" __global__ void __launch_bounds__(KC_NUM_WARPS * 32)
     (void)skeys;
     (void)nb;
   }
-  // kOwnGather: this tile's own keys come as one gathered tile.
-  gather = kOwnGather && permute && n_kv_tiles <= kAttnMaxListTiles;
+  // kOwnGather: this tile's own keys come as one gathered tile, an entry past
+  // the key tiles' (so fewer key tiles than the list holds: a kv_len that
+  // left none of them empty would otherwise overflow it).
+  gather = kOwnGather && permute && n_kv_tiles < kAttnMaxListTiles;
   auto src_row = [&](int r) -> int {
     if constexpr (kDrafterSort) {
       if (permute) {
