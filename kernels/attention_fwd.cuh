@@ -167,7 +167,7 @@ constexpr bool kListMask =
 // (anchor, block) keys (bitonic, in the K/V stages, before the first K/V
 // load) and takes the blocks of ranks [mtile * kBM / block, ...); rows keep
 // their order within a block. Only when a block divides the tile. Keys
-// already in order (sorted anchors) skip the sort: one barrier, not ~45.
+// already in order (sorted anchors) skip the sort (drafter_sort_blocks).
 __host__ __device__ constexpr int pow2_floor(int x) {
   int r = 1;
   while (r * 2 <= x) r *= 2;
@@ -844,8 +844,8 @@ extern "C" __global__ void __launch_bounds__(KC_NUM_WARPS * 32)
         count += __popc(bal);
         __syncwarp();
       }
-      // The gathered own tile last (always partial; capacity: the own key
-      // tiles past the context left the list).
+      // The gathered own tile last, always partial (its room: the
+      // n_kv_tiles bound on `gather` above).
       if (gather && lane == 0) tile_list[count] = static_cast<unsigned short>(kOwnTile | (1 << 14));
       if (gather) ++count;
       if (lane == 0) misc[0] = count;
