@@ -113,7 +113,7 @@ constexpr bool kWgSplit = kWg && KC_SCORE_MOD == KC_SCORE_NONE;
 constexpr bool kWgDqLag = kWg && !KC_DETERMINISTIC;
 static_assert(!kWg || (kNW == 8 && kBN == 128 && kBM == 64), "KC_BWD_WGMMA: 64 x 128 x 8w");
 // Drafter mask, kWg: a dK/dV CTA over context keys walks query steps of
-// drafter blocks sorted by anchor (attn_fwd::drafter_sort_blocks, as the
+// drafter blocks sorted by anchor (attn_fwd::drafter_rank_blocks, as the
 // forward's query tiles), not of consecutive blocks. A context key tile is
 // seen by the blocks whose anchor lies past it (with a window, not too far
 // past): in anchor order one run of ranks. With random anchors a step of
@@ -833,20 +833,19 @@ extern "C" __global__ void __launch_bounds__(kcache::kAttnBwdAuxThreads)
   elem_t* dq = static_cast<elem_t*>(p.dq) + b * p.dq_stride_b + h * p.dq_stride_h;
   if constexpr (kWg) {
     if (rows == kAttnBwdRowsPerCta) {
-      // A whole query step, in the wgmma dK/dV kernel's staging order (wg_dq):
-      // float4 f = (column block j = 8 (64-column half) + n8 block, thread t of
-      // the warpgroup) holds rows r, r + 8 x columns c, c + 1 of the
-      // accumulator fragment. Read in that order and written row-major through
-      // shared memory, so that both sides are coalesced (rows padded by 8
+      // A whole query step, in the wgmma dK/dV kernel's staging order (wg_dq,
+      // dq_stage_off): float4 f = (64-column half, warp w, n8 block nt, lane)
+      // holds rows r, r + 8 x columns c, c + 1 of the accumulator fragment. Read in that order and
+      // written row-major through shared memory, so that both sides are coalesced (rows padded by 8
       // floats: the 8 rows of a warp's stores fall on different banks).
       static_assert(!kWg || kAttnBwdRowsPerCta == kBM, "one dq_convert CTA per query step");
       constexpr int kPad = kDQK + 8;
       __shared__ __align__(16) float tile[kAttnBwdRowsPerCta * kPad];
       const float4* acc4 = reinterpret_cast<const float4*>(acc);
       for (int f = threadIdx.x; f < rows * kDQK / 4; f += kAttnBwdAuxThreads) {
-        const int j = f >> 7, t = f & 127;
-        const int r = 16 * (t >> 5) + ((t & 31) >> 2);
-        const int c = 64 * (j >> 3) + 8 * (j & 7) + 2 * (t & 3);
+        const int half = f >> 10, w = (f >> 8) & 3, nt = (f >> 5) & 7, ln = f & 31;
+        const int r = 16 * w + (ln >> 2);
+        const int c = 64 * half + 8 * nt + 2 * (ln & 3);
         const float4 v = acc4[f];
         *reinterpret_cast<float2*>(tile + r * kPad + c) = make_float2(v.x, v.y);
         *reinterpret_cast<float2*>(tile + (r + 8) * kPad + c) = make_float2(v.z, v.w);
@@ -883,7 +882,7 @@ extern "C" __global__ void __launch_bounds__(128)
 
 #if KC_BWD_WGMMA && !KC_DETERMINISTIC
 // A partial last query step's dQ partials (wg_dq), staged at `stage` (this
-// thread's float4 j at stage + 2048 j), added row-major into `dst` (the step's
+// thread's float4 j at stage + 512 j: dq_stage_off), added row-major into `dst` (the step's
 // first row, this warpgroup's columns): lanes t4 and t4 ^ 1 swap halves (as
 // dq_swap), so each adds four consecutive columns of row r0 + 8 (t4 & 1),
 // columns 8 j + 2 (t4 & ~1) + [0, 4); rows at or past `rows` clamp to the
@@ -892,13 +891,21 @@ extern "C" __global__ void __launch_bounds__(128)
 // 56 B with it inlined).
 namespace kcache {
 namespace attn_bwd {
+// Staging order of a warpgroup's 64 x 64 fp32 dQ block, which is also
+// dq_accum's order of a whole query step (per 64-column half): thread t's
+// float4 of n8 block nt (rows r, r + 8, columns c, c + 1 of its wgmma
+// fragment) at [t / 32][nt][t % 32], so that a warp's 16 rows are 4 KB in one
+// piece and a warp's stores are 512 contiguous bytes.
+__device__ __forceinline__ unsigned dq_stage_off(int t, int nt) {
+  return static_cast<unsigned>(((t >> 5) * 8 + nt) * 32 + (t & 31)) * 16;
+}
 __device__ __noinline__ void dq_add_rows(float* dst, unsigned stage, int r0, int rows, int t4) {
   const int odd = t4 & 1;
   const int r = imin(r0 + 8 * odd, rows - 1);
   float* const d = dst + r * kDQK + 2 * (t4 & ~1);
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
-    const float4 v = ld_shared_v4(stage + j * 2048);
+    const float4 v = ld_shared_v4(stage + j * 512);
     const float x0 = __shfl_xor_sync(0xffffffffu, odd ? v.x : v.z, 1);
     const float x1 = __shfl_xor_sync(0xffffffffu, odd ? v.y : v.w, 1);
     const float w[4] = {odd ? x0 : v.x, odd ? x1 : v.y, odd ? v.z : x0, odd ? v.w : x1};
@@ -964,8 +971,9 @@ extern "C" __global__ void __launch_bounds__(KC_BWD_NUM_WARPS * 32, 256 / (KC_BW
                         kDqStage ==
                     AttentionBwdDkdvSmemBytes(KC_ARCH, kBM, kBN, kDQK, kDV, kWg),
                 "shared-memory layout out of step with attention_tiles.h");
-  static_assert(!kBwdDrafterSort || kBwdSortCap * 8 <= 2 * (kQB + kOB),
-                "the sort's keys live in the Q / dO stages");
+  static_assert(
+      !kBwdDrafterSort || attn_fwd::drafter_rank_scratch_bytes(kBwdSortCap) <= 2 * (kQB + kOB),
+      "the sort's scratch lives in the Q / dO stages");
   const float* lse_s = reinterpret_cast<const float*>(sbase + (sLse - sK));
   const float* del_s = reinterpret_cast<const float*>(sbase + (sDel - sK));
 
@@ -979,18 +987,11 @@ extern "C" __global__ void __launch_bounds__(KC_BWD_NUM_WARPS * 32, 256 / (KC_BW
 #if KC_MASK == KC_MASK_DRAFTER
   if constexpr (kBwdDrafterSort) {
     const int nb = p.drafter_num_blocks;
-    int np2 = 1;
-    while (np2 < nb) np2 *= 2;
-    permute = q_len == nb * kBwdBlk && q_len % kBM == 0 && np2 <= kBwdSortCap &&
+    permute = q_len == nb * kBwdBlk && q_len % kBM == 0 && nb <= kBwdSortCap &&
               n0 < p.drafter_context_len && n_q_tiles <= kList;
     if (permute) {
-      // The keys live in the Q / dO stages, unused until the first prefetch.
-      unsigned long long* keys = reinterpret_cast<unsigned long long*>(sbase + (sQ - sK));
-      permute = attn_fwd::drafter_sort_blocks<kThreads>(keys, p, b, nb, np2, tid);
-      if (permute) {
-        for (int i = tid; i < nb; i += kThreads) order[i] = static_cast<unsigned short>(keys[i]);
-        __syncthreads();  // the order is read below; the keys' space is reused
-      }
+      // The sort's scratch in the Q / dO stages, unused until the first prefetch.
+      permute = attn_fwd::drafter_rank_blocks<kThreads>(order, sbase + (sQ - sK), p, b, nb, tid);
     }
   }
 #endif
@@ -1305,8 +1306,8 @@ extern "C" __global__ void __launch_bounds__(KC_BWD_NUM_WARPS * 32, 256 / (KC_BW
   // kWg: dQ = dS K of a query step, issued in the next step from the dS^T
   // tile both warpgroups wrote, then added to dq_accum. A whole query step's
   // rows are one contiguous block of dq_accum: a warpgroup stages its 64 x 64
-  // fp32 block in shared memory in the accumulator's own order (float4 j of
-  // thread t at [j][t], no bank conflicts) and one thread hands it to the TMA
+  // fp32 block in shared memory in the accumulator's own order (dq_stage_off:
+  // no bank conflicts, a warp's 16 rows contiguous) and one thread hands it to the TMA
   // unit as a single bulk reduction, which drains while the step runs on
   // (kcache_attn_bwd_dq_convert reads that order back). A last, partial step
   // (q_len not a multiple of 64) adds its rows row-major with vector
@@ -1338,7 +1339,7 @@ extern "C" __global__ void __launch_bounds__(KC_BWD_NUM_WARPS * 32, 256 / (KC_BW
     fence_regs(qa);
     const unsigned stage = sDq + wg * (kDqStage / 2);
 #pragma unroll
-    for (int nt = 0; nt < 8; ++nt) st_shared_v4(stage + (nt * 128 + wtid) * 16, qa[nt]);
+    for (int nt = 0; nt < 8; ++nt) st_shared_v4(stage + dq_stage_off(wtid, nt), qa[nt]);
     const bool whole = m0 + kBM <= q_len;
     if (whole) fence_proxy_async();  // the staged partials -> the bulk reduction
     named_bar_sync(3 + wg, 128);
@@ -1346,23 +1347,23 @@ extern "C" __global__ void __launch_bounds__(KC_BWD_NUM_WARPS * 32, 256 / (KC_BW
         p.dq_accum + (static_cast<long long>(b) * p.num_q_heads + hq) * q_len * kDQK;
     float* const tile = head + static_cast<long long>(m0) * kDQK;
     if (kBwdDrafterSort && permute) {
-      // Gathered rows (whole steps): the 16 rows of staged threads 32 w + [0, 32)
-      // are 16 consecutive rows of one block, at their own place in dq_accum's
-      // whole-step order (512 bytes per column block nt); 32 bulk reductions.
-      if (wtid < 32) {
-        const int w4 = wtid >> 3, nt = wtid & 7;
-        const int q = q_row(m0 / kBM, 16 * w4);
+      // Gathered rows (whole steps): warp w4's 16 rows are 16 consecutive rows
+      // of one block, 4 KB of the staging order, whose place in dq_accum's
+      // whole-step order is the same 4 KB of the step that holds them: four
+      // bulk reductions (32 of 512 bytes in the previous order cost the
+      // random drafter dK/dV ~0.55 ms of 4.07 on an H200).
+      if (wtid < 4) {
+        const int q = q_row(m0 / kBM, 16 * wtid);
         float* dst = head + static_cast<long long>(q & ~(kBM - 1)) * kDQK +
-                     (kDQK == 128 ? wg * 64 * 64 : 0) +
-                     (nt * 128 + 32 * ((q & (kBM - 1)) >> 4)) * 4;
-        bulk_reduce_add_f32(dst, stage + (nt * 128 + 32 * w4) * 16, 512);
+                     (kDQK == 128 ? wg * 64 * 64 : 0) + ((q & (kBM - 1)) >> 4) * (16 * 64);
+        bulk_reduce_add_f32(dst, stage + dq_stage_off(32 * wtid, 0), 16 * 64 * 4);
       }
     } else if (whole) {
       if (wtid == 0)
         bulk_reduce_add_f32(tile + (kDQK == 128 ? wg * 64 * 64 : 0), stage, kDqStage / 2);
     } else {
-      dq_add_rows(tile + (kDQK == 128 ? 64 * wg : 0), stage + wtid * 16, (warp & 3) * 16 + g,
-                  q_len - m0, t4);
+      dq_add_rows(tile + (kDQK == 128 ? 64 * wg : 0), stage + dq_stage_off(wtid, 0),
+                  (warp & 3) * 16 + g, q_len - m0, t4);
     }
   };
 #endif

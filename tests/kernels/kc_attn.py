@@ -501,9 +501,11 @@ def ptxas_summary(log, entry="kcache_attn_fwd"):
     out = {}
     cur = None
     for line in log.splitlines():
-        m = re.search(r"Compiling entry function '(\w+)'", line)
+        # A function's stack / spill line follows its "Function properties" line, also for
+        # out-of-line device functions after an entry's report (those must not overwrite it).
+        m = re.search(r"Compiling entry function '(\w+)'|Function properties for (\w+)", line)
         if m:
-            cur = m.group(1)
+            cur = m.group(1) or m.group(2)
         m = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads",
                       line)
         if m and cur:
