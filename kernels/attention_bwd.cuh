@@ -955,7 +955,7 @@ extern "C" __global__ void __launch_bounds__(KC_BWD_NUM_WARPS * 32, 256 / (KC_BW
   const unsigned sQ = sV + kBN * kDV * 2;
   constexpr int kSB = kBN * kBM * 2;
   const unsigned sS = sQ + 2 * (kQB + kOB);  // kDsBufs dS^T [key][query] tiles
-  // kWg: [2 warpgroups][8 column blocks][128 threads] float4 of dQ partials (wg_dq).
+  // kWg: [2 warpgroups][4 warps][8 n8 blocks][32 lanes] float4 of dQ partials (dq_stage_off).
   const unsigned sDq = sS + kDsBufs * kSB;
   constexpr int kDqStage = AttentionBwdDqStageBytes(kBM, kWg);
   const unsigned sLse = sDq + kDqStage;  // [2][kBM] float, then delta [2][kBM]

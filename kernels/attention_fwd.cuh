@@ -179,15 +179,15 @@ constexpr bool kDrafterSort = KC_MASK == KC_MASK_DRAFTER && KC_DRAFTER_BLOCK <= 
                               kBM % KC_DRAFTER_BLOCK == 0 &&
                               (KC_SCORE_MOD == KC_SCORE_NONE || KC_SCORE_MOD == KC_SCORE_SOFTCAP);
 // drafter_rank_blocks (below): buckets of its counting sort, and the shared
-// memory it needs for n blocks beside the order (anchor counts, the sort
-// anchors, the blocks by bucket).
+// memory it needs for n blocks beside the order (per bucket a count, then
+// start, then end; the sort anchors; the blocks by bucket).
 constexpr int kRankBuckets = 256;
 __host__ __device__ constexpr int drafter_rank_scratch_bytes(int n) {
   return 4 * kRankBuckets + 6 * n;
 }
 // Blocks the forward can sort: their order (16-bit block indices, padded to
 // 16 bytes) and the scratch fit in the K/V stages.
-constexpr int kSortRoom = kStages * (kKBytes + kVBytes) - 16 - 4 * kRankBuckets;
+constexpr int kSortRoom = kStages * (kKBytes + kVBytes) - 16 - drafter_rank_scratch_bytes(0);
 constexpr int kSortCap = kSortRoom / 8 < 65535 ? kSortRoom / 8 : 65535;
 // Sorted blocks (permuted tiles) with square tiles: the tile's own keys
 // (each block's kBlk keys past the context) are gathered into one key tile,
@@ -524,42 +524,50 @@ __device__ __forceinline__ int imax(int a, int b) { return a > b ? a : b; }
 #if KC_MASK == KC_MASK_DRAFTER
 // Batch row b's nb drafter blocks in ascending order of (sort anchor, block
 // index): order[rank] = block, by THREADS threads, unless they are in order
-// already. Returns to every thread whether they were out of order, i.e.
-// whether order holds a permutation other than the identity (in order, e.g.
-// sorted anchors: false, order untouched, and the caller keeps its identity
-// path; a wrong answer would only pick the other of two correct orders). The
-// sort anchor is the anchor clamped to [0, context] plus one; dropped blocks
-// see nothing and sort first (0). Used by the forward (its query tiles) and
-// the dK/dV kernel (its query steps).
+// already. Returns to every thread whether order now holds a permutation
+// other than the identity (false: order untouched, and the caller keeps its
+// identity path, also correct, only slower). The sort anchor is the anchor
+// clamped to [0, context] plus one; dropped blocks see nothing and sort first
+// (0). Used by the forward (its query tiles) and the dK/dV kernel (its query
+// steps).
 // A counting sort: a histogram of the sort anchors over kRankBuckets buckets
-// (monotone in the anchor), its prefix sums, the blocks scattered by bucket,
-// then each block's rank = its bucket's start + the blocks of its bucket
-// with a smaller key, counted (so the scatter's order does not matter and the
-// result is deterministic). Five barriers and no dependent chain; the bitonic
-// network it replaces took ~log2(nb)^2 / 2 dependent shared-memory stages
-// (0.25 ms of the random drafter forward's 1.51 on an H200). A block's count
-// walks its bucket: ~nb / kRankBuckets blocks for spread anchors, all of them
-// if every anchor is equal. scratch: drafter_rank_scratch_bytes(nb) bytes,
+// (monotone in the anchor: dropped blocks alone in the first, the others
+// spread over the rest by anchor), its prefix sums, the blocks scattered by
+// bucket (shared atomics), then each kept block's rank = its bucket's start +
+// the blocks of its bucket with a smaller key, counted, so that the scatter's
+// order does not matter. Dropped blocks take their scattered places (in no
+// fixed order: their rows see nothing, so their outputs and gradients are
+// exact zeros wherever they sit, and the kept blocks' ranks do not depend on
+// it). Five barriers and no dependent chain; the bitonic network it replaced
+// took ~log2(nb)^2 / 2 dependent shared-memory stages (0.25 ms of the random
+// drafter forward's 1.51 on an H200). A bucket holding more than a few times
+// its share of the blocks (anchors bunched within a bucket's width, or many
+// at or past the context) would make the count quadratic: the order is then
+// left as it is (false). scratch: drafter_rank_scratch_bytes(nb) bytes,
 // 4-byte aligned; nb <= 65536.
 template <int THREADS>
 __device__ bool drafter_rank_blocks(unsigned short* order, unsigned char* scratch,
                                     const AttentionParams& p, int b, int nb, int tid) {
-  const int ctx = p.drafter_context_len;
+  const int ctx = imax(p.drafter_context_len, 0);
   const kc_i32* anc = p.drafter_anchor + b * p.drafter_stride_b;
   const kc_i8* kp = p.drafter_keep == nullptr ? nullptr : p.drafter_keep + b * p.drafter_stride_b;
-  auto sort_anchor = [&](int i) -> int {
-    return (kp == nullptr || kp[i] != 0) ? imax(0, imin(anc[i], ctx)) + 1 : 0;
+  auto sort_anchor = [&](int i) -> unsigned {
+    return (kp == nullptr || kp[i] != 0) ? static_cast<unsigned>(imax(0, imin(anc[i], ctx))) + 1u
+                                         : 0u;
   };
   int* const cur = reinterpret_cast<int*>(scratch);  // per bucket: count, start, end
-  int* const sa = cur + kRankBuckets;                // sort anchors
+  unsigned* const sa = reinterpret_cast<unsigned*>(cur + kRankBuckets);     // sort anchors
   unsigned short* const slot = reinterpret_cast<unsigned short*>(sa + nb);  // blocks by bucket
-  // Sort anchors lie in [0, ctx + 1]: a / width < kRankBuckets.
-  const unsigned width = (static_cast<unsigned>(ctx) + 1u) / kRankBuckets + 1u;
-  auto bucket = [&](int a) -> int { return static_cast<int>(static_cast<unsigned>(a) / width); };
+  // Kept blocks' sort anchors [1, ctx + 1] over buckets [1, kRankBuckets).
+  const unsigned width =
+      (static_cast<unsigned>(ctx) + kRankBuckets - 1) / (kRankBuckets - 1);  // >= 1
+  auto bucket = [&](unsigned a) -> int {
+    return a == 0u ? 0 : 1 + static_cast<int>((a - 1u) / width);
+  };
   bool unordered = false;
   for (int k = tid; k < kRankBuckets; k += THREADS) cur[k] = 0;
   for (int i = tid; i < nb; i += THREADS) {
-    const int a = sort_anchor(i);
+    const unsigned a = sort_anchor(i);
     sa[i] = a;
     // Block indices break ties: the blocks are in order iff every adjacent
     // pair of sort anchors is.
@@ -568,14 +576,16 @@ __device__ bool drafter_rank_blocks(unsigned short* order, unsigned char* scratc
   if (__syncthreads_or(unordered) == 0) return false;
   for (int i = tid; i < nb; i += THREADS) atomicAdd(&cur[bucket(sa[i])], 1);
   __syncthreads();
+  bool bunched = false;
   if (tid < 32) {  // counts -> starts: lane l scans buckets [kPer l, kPer (l + 1))
     constexpr int kPer = kRankBuckets / 32;
     int v[kPer];
-    int sum = 0;
+    int sum = 0, most = 0;
 #pragma unroll
     for (int k = 0; k < kPer; ++k) {
       v[k] = cur[tid * kPer + k];
       sum += v[k];
+      if (tid * kPer + k > 0) most = imax(most, v[k]);
     }
     int incl = sum;
 #pragma unroll
@@ -589,21 +599,31 @@ __device__ bool drafter_rank_blocks(unsigned short* order, unsigned char* scratc
       cur[tid * kPer + k] = run;
       run += v[k];
     }
+    bunched = __reduce_max_sync(0xffffffffu, most) > imax(64, 4 * (nb / (kRankBuckets - 1) + 1));
   }
-  __syncthreads();
+  // The verdict travels with the barrier: no thread reads the scratch after
+  // it on that path, so the caller may reuse it at once.
+  if (__syncthreads_or(bunched)) return false;
   for (int i = tid; i < nb; i += THREADS) {
-    slot[atomicAdd(&cur[bucket(sa[i])], 1)] = static_cast<unsigned short>(i);
+    const int k = bucket(sa[i]);
+    const int pos = atomicAdd(&cur[k], 1);
+    if (k == 0) {
+      order[pos] = static_cast<unsigned short>(i);
+    } else {
+      slot[pos] = static_cast<unsigned short>(i);
+    }
   }
   __syncthreads();  // cur[k] is now bucket k's end
   for (int i = tid; i < nb; i += THREADS) {
-    const int a = sa[i];
+    const unsigned a = sa[i];
     const int k = bucket(a);
-    const int start = k > 0 ? cur[k - 1] : 0;
+    if (k == 0) continue;  // placed by the scatter
+    const int start = cur[k - 1];
     const int end = cur[k];
     int rank = start;
     for (int s = start; s < end; ++s) {
       const int j = slot[s];
-      const int aj = sa[j];
+      const unsigned aj = sa[j];
       rank += (aj < a || (aj == a && j < i)) ? 1 : 0;
     }
     order[rank] = static_cast<unsigned short>(i);

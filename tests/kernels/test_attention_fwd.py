@@ -141,8 +141,13 @@ def build_case(torch, spec, rng):
         N = rng.randint(1, max(1, 600 // Bk))
         if rng.random() < 0.5 and N >= 4:
             N -= N % 4  # 64-row steps of whole blocks: the sm_90a dK/dV's sorted steps
+        # Over 64 blocks with one anchor (one out of place): the block sort's bucket too
+        # full to count in (drafter_rank_blocks), on a context long enough to sort.
+        bunched = Bk <= 16 and rng.random() < 0.1
+        if bunched:
+            S, N = rng.randint(256, 700), 80 + 4 * rng.randint(0, 5)
         Lq, Lkv = N * Bk, S + N * Bk
-        c.update(S=S, N=N)
+        c.update(S=S, N=N, bunched=bunched)
     else:
         def length():
             return rng.choice([rng.randint(1, 130), rng.randint(1, 700), 64 * rng.randint(1, 10)])
@@ -173,6 +178,9 @@ def build_case(torch, spec, rng):
         anc = torch.randint(0, S + 1, (B, stride), device="cuda", dtype=torch.int32)
         if rng.random() < 0.5:
             anc = torch.sort(anc, dim=1).values
+        if c["bunched"]:
+            anc[:] = rng.randint(1, S - 1)
+            anc[:, 0] += 1
         if rng.random() < 0.2:
             anc[:, 0] = S + 5  # past the context: clamps to S
         keep = (torch.rand(B, stride, device="cuda") < 0.85).to(torch.int8)
