@@ -882,7 +882,7 @@ extern "C" __global__ void __launch_bounds__(128)
 
 #if KC_BWD_WGMMA && !KC_DETERMINISTIC
 // A partial last query step's dQ partials (wg_dq), staged at `stage` (this
-// thread's float4 j at stage + 512 j: dq_stage_off), added row-major into `dst` (the step's
+// thread's float4 j at stage + dq_stage_off(0, j)), added row-major into `dst` (the step's
 // first row, this warpgroup's columns): lanes t4 and t4 ^ 1 swap halves (as
 // dq_swap), so each adds four consecutive columns of row r0 + 8 (t4 & 1),
 // columns 8 j + 2 (t4 & ~1) + [0, 4); rows at or past `rows` clamp to the
@@ -905,7 +905,7 @@ __device__ __noinline__ void dq_add_rows(float* dst, unsigned stage, int r0, int
   float* const d = dst + r * kDQK + 2 * (t4 & ~1);
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
-    const float4 v = ld_shared_v4(stage + j * 512);
+    const float4 v = ld_shared_v4(stage + dq_stage_off(0, j));
     const float x0 = __shfl_xor_sync(0xffffffffu, odd ? v.x : v.z, 1);
     const float x1 = __shfl_xor_sync(0xffffffffu, odd ? v.y : v.w, 1);
     const float w[4] = {odd ? x0 : v.x, odd ? x1 : v.y, odd ? v.z : x0, odd ? v.w : x1};
@@ -1355,8 +1355,9 @@ extern "C" __global__ void __launch_bounds__(KC_BWD_NUM_WARPS * 32, 256 / (KC_BW
       if (wtid < 4) {
         const int q = q_row(m0 / kBM, 16 * wtid);
         float* dst = head + static_cast<long long>(q & ~(kBM - 1)) * kDQK +
-                     (kDQK == 128 ? wg * 64 * 64 : 0) + ((q & (kBM - 1)) >> 4) * (16 * 64);
-        bulk_reduce_add_f32(dst, stage + dq_stage_off(32 * wtid, 0), 16 * 64 * 4);
+                     (kDQK == 128 ? wg * 64 * 64 : 0) +
+                     dq_stage_off(32 * ((q & (kBM - 1)) >> 4), 0) / 4;  // its warp's place
+        bulk_reduce_add_f32(dst, stage + dq_stage_off(32 * wtid, 0), dq_stage_off(32, 0));
       }
     } else if (whole) {
       if (wtid == 0)
