@@ -1099,11 +1099,12 @@ extern "C" __global__ void __launch_bounds__(KC_BWD_NUM_WARPS * 32, 256 / (KC_BW
     const elem_t* qg = static_cast<const elem_t*>(p.q) + b * p.q_stride_b + hq * p.q_stride_h;
     const elem_t* og = static_cast<const elem_t*>(p.dout) + b * p.do_stride_b + hq * p.do_stride_h;
     if (kBwdDrafterSort && permute) {  // whole blocks, every row below q_len
+      // Rolled: a few instructions a step, against ~400 of PTX unrolled.
       auto row_of = [&](int r) { return q_row(qt, r); };
-      attn_fwd::load_tile_rows<kBM, kDQK, kThreads, kWg>(sQ + st * (kQB + kOB), qg, p.q_stride_s,
-                                                         row_of, tid);
-      attn_fwd::load_tile_rows<kBM, kDV, kThreads, kWg>(sQ + st * (kQB + kOB) + kQB, og,
-                                                        p.do_stride_s, row_of, tid);
+      attn_fwd::load_tile_rows<kBM, kDQK, kThreads, kWg, true>(sQ + st * (kQB + kOB), qg,
+                                                               p.q_stride_s, row_of, tid);
+      attn_fwd::load_tile_rows<kBM, kDV, kThreads, kWg, true>(sQ + st * (kQB + kOB) + kQB, og,
+                                                              p.do_stride_s, row_of, tid);
     } else {
       load_rows<kBM, kDQK, kWg>(sQ + st * (kQB + kOB), qg, p.q_stride_s, m0, q_len, tid);
       load_rows<kBM, kDV, kWg>(sQ + st * (kQB + kOB) + kQB, og, p.do_stride_s, m0, q_len, tid);

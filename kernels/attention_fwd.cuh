@@ -470,7 +470,11 @@ __device__ __forceinline__ void load_tile(unsigned sdst, const elem_t* g, long l
       return;
     }
   }
-#pragma unroll
+  // The general copy (a last partial tile, or a layout the path above does
+  // not cover): rolled where the path above exists, since it is then rare and
+  // its unrolled copies cost NVRTC time in every load site.
+  constexpr bool kRolled = THREADS % kChunks == 0 && kPass % 8 == 0 && ROWS % kPass == 0;
+#pragma unroll(kRolled ? 1 : kTotal / THREADS)
   for (int i = 0; i < kTotal / THREADS; ++i) {
     const int idx = tid + i * THREADS;
     const int r = idx / kChunks;
@@ -544,10 +548,11 @@ __device__ __forceinline__ int imax(int a, int b) { return a > b ? a : b; }
 // its share of the blocks (anchors bunched within a bucket's width, or many
 // at or past the context) would make the count quadratic: the order is then
 // left as it is (false). scratch: drafter_rank_scratch_bytes(nb) bytes,
-// 4-byte aligned; nb <= 65536.
+// 4-byte aligned; nb <= 65536. Out of line: it runs once per CTA, and the
+// forward and the dK/dV kernel of a module then share one copy (NVRTC time).
 template <int THREADS>
-__device__ bool drafter_rank_blocks(unsigned short* order, unsigned char* scratch,
-                                    const AttentionParams& p, int b, int nb, int tid) {
+__device__ __noinline__ bool drafter_rank_blocks(unsigned short* order, unsigned char* scratch,
+                                                 const AttentionParams& p, int b, int nb, int tid) {
   const int ctx = imax(p.drafter_context_len, 0);
   const kc_i32* anc = p.drafter_anchor + b * p.drafter_stride_b;
   const kc_i8* kp = p.drafter_keep == nullptr ? nullptr : p.drafter_keep + b * p.drafter_stride_b;
@@ -1079,11 +1084,64 @@ extern "C" __global__ void __launch_bounds__(KC_NUM_WARPS * 32)
 #else
   const int kv_end = kv_len;
 #endif
+  // Interval masks: a row sees at most two key intervals below kv_end (the
+  // drafter's [x, y) and [z, w) of its row data; causal and sliding windows
+  // one, from the row's query index). With whole 32-bit words of 8 n8 tiles
+  // each, a row's bits come from interval arithmetic: per column parity c,
+  // the n8 tiles whose column n0 + 8 nt + 2 t4 + c falls in an interval are
+  // one run of bits, then spread to the layout below (bit (mt kNT + nt) 4 +
+  // hh 2 + c). A quarter of the per-element test's instructions, which were
+  // a fifth of the drafter forward's code (NVRTC time).
+  constexpr bool kSpans = kNT % 8 == 0 && kNT < 32 &&
+                          (KC_MASK == KC_MASK_DRAFTER || KC_MASK == KC_MASK_CAUSAL ||
+                           KC_MASK == KC_MASK_SLIDING_WINDOW);
+  auto span_bits = [&](int n0, unsigned(&vbits)[kVW]) {
+    // n8 tiles nt in [0, kNT) with lo <= base + 8 nt < hi, as bits.
+    auto run = [](int base, int lo, int hi) -> unsigned {
+      const int a = imin(imax(lo - base + 7, 0) >> 3, kNT);
+      const int e = imin(imax(hi - base + 7, 0) >> 3, kNT);
+      return ((1u << e) - 1u) & ~((1u << a) - 1u);
+    };
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+#if KC_MASK == KC_MASK_DRAFTER
+        const int4 iv = rowdata[warp * kWM + mt * 16 + g + hh * 8];
+#elif KC_MASK == KC_MASK_CAUSAL || KC_MASK == KC_MASK_SLIDING_WINDOW
+        // kv - (q + off) within [-left, right]; no bound: far outside any key.
+        constexpr int kFar = 1 << 29;
+        const int q = row_base + mt * 16 + hh * 8;
+        const int4 iv = make_int4(kWinLeft >= 0 ? q + off - kWinLeft : -kFar,
+                                  kWinRight >= 0 ? q + off + kWinRight + 1 : kFar, 0, 0);
+#else
+        const int4 iv = make_int4(0, 0, 0, 0);
+#endif
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          const int base = n0 + 2 * t4 + c;
+          const unsigned m =
+              (run(base, iv.x, iv.y) | run(base, iv.z, iv.w)) & run(base, base, kv_end);
+#pragma unroll
+          for (int w8 = 0; w8 < kNT / 8; ++w8) {
+            // 8 bits -> bits 0, 4, ..., 28.
+            unsigned x = (m >> (8 * w8)) & 0xffu;
+            x = (x | (x << 12)) & 0x000f000fu;
+            x = (x | (x << 6)) & 0x03030303u;
+            x = (x | (x << 3)) & 0x11111111u;
+            vbits[(mt * kNT) / 8 + w8] |= x << (hh * 2 + c);
+          }
+        }
+      }
+    }
+  };
   auto visibility = [&](int n0, unsigned(&vbits)[kVW]) -> int {
 #pragma unroll
     for (int w = 0; w < kVW; ++w) vbits[w] = 0u;
     if (kOwnGather && gather && n0 == kOwnTile * kBN) {
       own_tile_bits(vbits);
+    } else if (kSpans) {
+      span_bits(n0, vbits);
     } else {
       // Row data of this thread's rows (list masks that need it).
 #if KC_MASK_ROW_DATA
