@@ -728,8 +728,8 @@ extern "C" __global__ void __launch_bounds__(KC_NUM_WARPS * 32)
     }
     return m0 + r < q_len ? m0 + r : -1;
   };
-  if (permute) {
-    load_tile_rows<kBM, kDQK>(sQ, qg, p.q_stride_s, src_row, tid);
+  if (permute) {  // rolled: once per CTA (unrolled, ~400 PTX lines of NVRTC time)
+    load_tile_rows<kBM, kDQK, kThreads, kWgmma, true>(sQ, qg, p.q_stride_s, src_row, tid);
   } else {
     load_tile<kBM, kDQK>(sQ, qg, p.q_stride_s, m0, q_len, tid);
   }
