@@ -1096,10 +1096,12 @@ extern "C" __global__ void __launch_bounds__(KC_NUM_WARPS * 32)
                           (KC_MASK == KC_MASK_DRAFTER || KC_MASK == KC_MASK_CAUSAL ||
                            KC_MASK == KC_MASK_SLIDING_WINDOW);
   auto span_bits = [&](int n0, unsigned(&vbits)[kVW]) {
-    // n8 tiles nt in [0, kNT) with lo <= base + 8 nt < hi, as bits.
+    // n8 tiles nt in [0, kNT) with lo <= base + 8 nt < hi, as bits. The
+    // bounds are clamped to the tile's columns before any subtraction, so
+    // that no length the contract allows (int32) overflows.
     auto run = [](int base, int lo, int hi) -> unsigned {
-      const int a = imin(imax(lo - base + 7, 0) >> 3, kNT);
-      const int e = imin(imax(hi - base + 7, 0) >> 3, kNT);
+      const int a = (imin(imax(lo, base), base + 8 * kNT) - base + 7) >> 3;
+      const int e = (imin(imax(hi, base), base + 8 * kNT) - base + 7) >> 3;
       return ((1u << e) - 1u) & ~((1u << a) - 1u);
     };
 #pragma unroll
@@ -1109,11 +1111,10 @@ extern "C" __global__ void __launch_bounds__(KC_NUM_WARPS * 32)
 #if KC_MASK == KC_MASK_DRAFTER
         const int4 iv = rowdata[warp * kWM + mt * 16 + g + hh * 8];
 #elif KC_MASK == KC_MASK_CAUSAL || KC_MASK == KC_MASK_SLIDING_WINDOW
-        // kv - (q + off) within [-left, right]; no bound: far outside any key.
-        constexpr int kFar = 1 << 29;
+        // kv - (q + off) within [-left, right]; no bound: the int range.
         const int q = row_base + mt * 16 + hh * 8;
-        const int4 iv = make_int4(kWinLeft >= 0 ? q + off - kWinLeft : -kFar,
-                                  kWinRight >= 0 ? q + off + kWinRight + 1 : kFar, 0, 0);
+        const int4 iv = make_int4(kWinLeft >= 0 ? q + off - kWinLeft : -0x7fffffff - 1,
+                                  kWinRight >= 0 ? q + off + kWinRight + 1 : 0x7fffffff, 0, 0);
 #else
         const int4 iv = make_int4(0, 0, 0, 0);
 #endif
