@@ -453,7 +453,8 @@ __device__ __forceinline__ void load_tile(unsigned sdst, const elem_t* g, long l
   // registers (ncu, causal D128 sm_90a forward: IMAD/LEA/IADD3/ISETP were 31 %
   // of the executed instructions; 250 registers, 208 with this path).
   constexpr int kPass = THREADS / kChunks;  // rows per pass
-  if constexpr (THREADS % kChunks == 0 && kPass % 8 == 0 && ROWS % kPass == 0) {
+  constexpr bool kFastPath = THREADS % kChunks == 0 && kPass % 8 == 0 && ROWS % kPass == 0;
+  if constexpr (kFastPath) {
     if (row0 + ROWS <= len) {
       const int c = tid % kChunks;
       const int r0 = tid / kChunks;
@@ -473,8 +474,7 @@ __device__ __forceinline__ void load_tile(unsigned sdst, const elem_t* g, long l
   // The general copy (a last partial tile, or a layout the path above does
   // not cover): rolled where the path above exists, since it is then rare and
   // its unrolled copies cost NVRTC time in every load site.
-  constexpr bool kRolled = THREADS % kChunks == 0 && kPass % 8 == 0 && ROWS % kPass == 0;
-#pragma unroll(kRolled ? 1 : kTotal / THREADS)
+#pragma unroll(kFastPath ? 1 : kTotal / THREADS)
   for (int i = 0; i < kTotal / THREADS; ++i) {
     const int idx = tid + i * THREADS;
     const int r = idx / kChunks;
