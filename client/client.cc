@@ -16,6 +16,7 @@
 #include "client/discovery.h"
 #include "client/raw_launch.h"
 #include "client/target_arch.h"
+#include "compiler/cuda/cubin_images.h"
 
 namespace kcache {
 
@@ -89,11 +90,11 @@ Client::~Client() {
   absl::MutexLock lock(&mu_);
   if (!api.ok()) return;
   for (auto& [k, f] : loads_) {
-    if (f->done.HasBeenNotified() && f->loaded && f->loaded->module != nullptr) {
+    if (f->done.HasBeenNotified() && f->loaded && !f->loaded->modules.empty()) {
       // A module is unloaded in its own context, whatever is current here.
       auto ctx = static_cast<ci::CUcontext>(f->loaded->context);
       if ((*api)->cuCtxPushCurrent(ctx) != 0) continue;  // context gone: nothing to free
-      (*api)->cuModuleUnload(static_cast<ci::CUmodule>(f->loaded->module));
+      for (void* m : f->loaded->modules) (*api)->cuModuleUnload(static_cast<ci::CUmodule>(m));
       ci::CUcontext popped = nullptr;
       (*api)->cuCtxPopCurrent(&popped);
     }
@@ -442,20 +443,29 @@ absl::StatusOr<std::shared_ptr<const LoadedKernel>> Client::LoadRequest(
   loaded->response = *resp;
   loaded->context = ctx;
   absl::Status st = [&]() -> absl::Status {
-    ci::CUmodule mod = nullptr;
-    if (auto s = ci::CudaStatus(api, api.cuModuleLoadData(&mod, (*resp)->cubin().data()),
-                                "cuModuleLoadData");
-        !s.ok()) {
-      return s;
-    }
-    loaded->module = mod;
-    for (const auto& e : (*resp)->record().entry_points()) {
-      ci::CUfunction fn = nullptr;
-      const std::string what = absl::StrCat("cuModuleGetFunction(", e.name(), ")");
-      if (auto s = ci::CudaStatus(api, api.cuModuleGetFunction(&fn, mod, e.name().c_str()),
-                                  what.c_str());
+    auto images = SplitCubinImages((*resp)->cubin());
+    if (!images.ok()) return images.status();
+    for (std::string_view image : *images) {
+      ci::CUmodule mod = nullptr;
+      if (auto s =
+              ci::CudaStatus(api, api.cuModuleLoadData(&mod, image.data()), "cuModuleLoadData");
           !s.ok()) {
         return s;
+      }
+      loaded->modules.push_back(mod);
+    }
+    for (const auto& e : (*resp)->record().entry_points()) {
+      // In the first image that defines it.
+      ci::CUfunction fn = nullptr;
+      for (void* m : loaded->modules) {
+        if (api.cuModuleGetFunction(&fn, static_cast<ci::CUmodule>(m), e.name().c_str()) == 0) {
+          break;
+        }
+        fn = nullptr;
+      }
+      if (fn == nullptr) {
+        return absl::NotFoundError(
+            absl::StrCat("cuModuleGetFunction(", e.name(), "): no image of the cubin defines it"));
       }
       if (e.dynamic_smem_bytes() > 48 * 1024) {
         // 8 = CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
@@ -471,7 +481,7 @@ absl::StatusOr<std::shared_ptr<const LoadedKernel>> Client::LoadRequest(
     return absl::OkStatus();
   }();
   if (!st.ok()) {
-    if (loaded->module != nullptr) api.cuModuleUnload(static_cast<ci::CUmodule>(loaded->module));
+    for (void* m : loaded->modules) api.cuModuleUnload(static_cast<ci::CUmodule>(m));
     flight->status = st;
     absl::MutexLock lock(&mu_);
     loads_.erase(load_key);

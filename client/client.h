@@ -17,6 +17,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
@@ -87,7 +88,8 @@ struct RawLaunchState;  // client/raw_launch.h
 struct LoadedKernel {
   std::shared_ptr<const v1::GetKernelResponse> response;  // record + cubin
   void* context = nullptr;                                // CUcontext
-  void* module = nullptr;                                 // CUmodule
+  // One CUmodule per image of the cubin (compiler/cuda/cubin_images.h).
+  std::vector<void*> modules;
   // Entry-point name -> CUfunction, for every entry in the record, with its
   // dynamic shared memory limit already raised to what the record says.
   std::map<std::string, void*> functions;

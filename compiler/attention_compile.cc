@@ -73,7 +73,8 @@ absl::StatusOr<AttentionBuild> BuildAttention(const AttentionIdentity& id,
   auto gen = attention::GenerateAttentionSource(id.normalized, id.arch);
   if (!gen.ok()) return gen.status();
   CompileInput in;
-  in.source = gen->source;
+  in.source = gen->units.front();
+  in.more_units.assign(gen->units.begin() + 1, gen->units.end());
   in.program_name = gen->program_name;
   in.headers = TemplateHeaders();
   in.arch = id.arch;

@@ -549,7 +549,7 @@ __device__ __forceinline__ int imax(int a, int b) { return a > b ? a : b; }
 // at or past the context) would make the count quadratic: the order is then
 // left as it is (false). scratch: drafter_rank_scratch_bytes(nb) bytes,
 // 4-byte aligned; nb <= 65536. Out of line: it runs once per CTA, and the
-// forward and the dK/dV kernel of a module then share one copy (NVRTC time).
+// kernels of a translation unit then share one copy (NVRTC time).
 template <int THREADS>
 __device__ __noinline__ bool drafter_rank_blocks(unsigned short* order, unsigned char* scratch,
                                                  const AttentionParams& p, int b, int nb, int tid) {
@@ -651,6 +651,10 @@ constexpr int kWinRight = KC_WINDOW_RIGHT;
 }  // namespace attn_fwd
 }  // namespace kcache
 
+// KC_OMIT_FWD: the backward's translation unit of a module (codegen.cc
+// compiles a backward module as two units, linked): these helpers without the
+// forward's kernels.
+#if !KC_OMIT_FWD
 extern "C" __global__ void __launch_bounds__(KC_NUM_WARPS * 32)
     kcache_attn_fwd(const __grid_constant__ kcache::AttentionParams p) {
   using namespace kcache;
@@ -1614,6 +1618,7 @@ extern "C" __global__ void __launch_bounds__(KC_NUM_WARPS * 32)
     }
   }
 }
+#endif  // !KC_OMIT_FWD
 
 #if KC_MASK == KC_MASK_EXPR
 namespace kcache {
@@ -1766,8 +1771,10 @@ __device__ __forceinline__ void classify_expr_tiles(const AttentionParams& p) {
 }  // namespace attn_fwd
 }  // namespace kcache
 
+#if !KC_OMIT_FWD
 extern "C" __global__ void __launch_bounds__(128)
     kcache_attn_mask_build(const __grid_constant__ kcache::AttentionParams p) {
   kcache::attn_fwd::classify_expr_tiles<KC_CLASS_BLOCK_M, KC_BLOCK_N>(p);
 }
+#endif
 #endif

@@ -1,7 +1,10 @@
 // The launch-parameter struct shared by the attention kernels (compiled by
 // NVRTC), the daemon and the clients. Plain data only: it must compile both
-// as host C++ and under NVRTC with no host headers. Any change to the layout
-// bumps kAttentionAbiVersion, which every record carries.
+// as host C++ and under NVRTC with no host headers. Any change to the layout,
+// or to how a record's cubin is loaded, bumps kAttentionAbiVersion, which
+// every record carries. 2: a cubin may hold several images, each loaded as
+// its own module (compiler/cuda/cubin_images.h; a module with backward has
+// two).
 #pragma once
 
 #if defined(__CUDACC_RTC__)
@@ -19,7 +22,7 @@ typedef std::int64_t kc_i64;
 
 namespace kcache {
 
-constexpr kc_u32 kAttentionAbiVersion = 1;
+constexpr kc_u32 kAttentionAbiVersion = 2;
 constexpr int kMaxExprBuffers = 8;
 
 // A launch-time buffer read by an expression mask or score modification.

@@ -230,8 +230,6 @@ absl::StatusOr<GeneratedSource> GenerateAttentionSource(const v1::AttentionSpec&
   absl::StrAppend(&src, "#include \"", kParamsHeader, "\"\n");
   src += *functions;
   std::string reference = absl::StrCat(src, "#include \"", kReferenceHeader, "\"\n");
-  absl::StrAppend(&src, "#include \"", kForwardHeader, "\"\n");
-  if (backward) absl::StrAppend(&src, "#include \"", kBackwardHeader, "\"\n");
   if (g_wrong_kernel_fault.load(std::memory_order_relaxed)) {
     const std::string right = absl::StrCat("#define KC_SOFTMAX_SCALE ", HexFloatLiteral(scale));
     const size_t at = src.find(right);
@@ -240,10 +238,17 @@ absl::StatusOr<GeneratedSource> GenerateAttentionSource(const v1::AttentionSpec&
                   absl::StrCat("#define KC_SOFTMAX_SCALE ", HexFloatLiteral(scale * 1.25f)));
     }
   }
+  absl::StrAppend(&src, "#include \"", kForwardHeader, "\"\n");
+  std::vector<std::string> units = {src};
+  if (backward) {
+    absl::StrAppend(&src, "#include \"", kBackwardHeader, "\"\n");
+    units.push_back(absl::StrCat("#define KC_OMIT_FWD 1\n", src));
+  }
 
   GeneratedSource out;
   out.program_name = "kcache_attention.cu";
   out.source = std::move(src);
+  out.units = std::move(units);
   out.reference_source = std::move(reference);
   out.headers = std::move(headers);
   out.tiles = *tiles;

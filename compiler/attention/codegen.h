@@ -44,7 +44,20 @@ absl::StatusOr<AttentionBwdTiles> ChooseAttentionBwdTiles(const v1::AttentionSpe
 
 struct GeneratedSource {
   std::string program_name;  // name for nvrtcCreateProgram ("kcache_attention.cu")
-  std::string source;        // the translation unit
+  // The module as one translation unit (what `kcache-compile --source`
+  // writes, and what the kernel tests read the launch facts from).
+  std::string source;
+  // What NVRTC compiles: without backward `source` alone; with backward two
+  // units, each compiled into an image of its own (CompileUnits in
+  // compiler/cuda/nvrtc.h; the cubin holds both, compiler/cuda/cubin_images.h),
+  // so that NVRTC's CPU time per unit stays within issue 27's budget of 2 s
+  // and the units compile in parallel: `source` without the backward's
+  // include (the forward's kernels), then `source` under KC_OMIT_FWD (the
+  // backward's kernels; kernels/attention_fwd.cuh). Not linked: relocatable
+  // code ran 10-30 % slower on the H200 (kernels/NOTES.md). The same cut as
+  // tests/kernels/kc_attn.py's module_units; the key covers it through the
+  // template digest (a change of the cut must change it).
+  std::vector<std::string> units;
   // Template headers the source #includes directly, by the names used in
   // #include; they include others among kcache::kernels::TemplateFiles(),
   // so callers hand NVRTC all of those.

@@ -36,6 +36,14 @@ struct CompileInput {
   std::map<std::string, std::string> headers;
   std::string arch;  // "sm_80", "sm_86", "sm_89", "sm_90", "sm_90a", ...
   std::vector<std::string> extra_options;
+  // More translation units of the same module (an attention module with
+  // backward: compiler/attention/codegen.h). With any, `source` and each of
+  // these compile apart, concurrently, each into a whole executable image,
+  // and the output's cubin is the images one after another
+  // (compiler/cuda/cubin_images.h; CompileUnits in compiler/cuda/nvrtc.h);
+  // its log and kernels cover every unit. Like extra_options, not part of
+  // the toolchain fingerprint: a caller that sets it folds it into its key.
+  std::vector<std::string> more_units;
   // Set: a raw kernel for `arch`; source, program_name, headers and
   // extra_options are then unused. Only WorkerPool and the worker handle it
   // (InProcessCompiler answers Unimplemented): raw input is code, and LLVM
@@ -56,7 +64,7 @@ struct KernelReport {
 };
 
 struct CompileOutput {
-  std::string cubin;                  // ELF bytes from nvrtcGetCUBIN
+  std::string cubin;                  // ELF image(s): compiler/cuda/cubin_images.h
   std::string log;                    // NVRTC's full program log (warnings + ptxas report)
   std::vector<KernelReport> kernels;  // entry functions, in log order
   absl::Duration wall_time;           // create + compile + fetch, as seen by the compiler

@@ -10,12 +10,14 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <string_view>
 #include <type_traits>
 #include <utility>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "compiler/cuda/cubin_images.h"
 #include "compiler/cuda/cuda_library.h"
 #include "kernels/attention_params.h"
 
@@ -255,29 +257,42 @@ absl::StatusOr<VerifyResult> CudaDevices::Verify(int ordinal, absl::string_view 
   if (cubin.empty()) return absl::InvalidArgumentError("cubin: empty");
   if (entries.empty()) return absl::InvalidArgumentError("entries: none to verify");
 
+  absl::StatusOr<std::vector<std::string_view>> images =
+      SplitCubinImages(std::string_view(cubin.data(), cubin.size()));
+  if (!images.ok()) return images.status();
+
   ScopedContext ctx(*api_, dev.primary);
   if (!ctx.status().ok()) return ctx.status();
-  // cuModuleLoadData reads the image up to its ELF size; the string_view's
-  // bytes need no terminator for a cubin.
-  CUmodule module = nullptr;
-  if (absl::Status s =
-          CuStatus(api_.get(), api_->ModuleLoadData(&module, cubin.data()), "cuModuleLoadData");
-      !s.ok()) {
-    return s;
-  }
   struct Unload {
     const CudaDriverApi& api;
-    CUmodule m;
-    ~Unload() { api.ModuleUnload(m); }
-  } unload{*api_, module};
+    std::vector<CUmodule> modules;
+    ~Unload() {
+      for (CUmodule m : modules) api.ModuleUnload(m);
+    }
+  } loaded{*api_, {}};
+  for (std::string_view image : *images) {
+    // cuModuleLoadData reads the image up to its ELF size; the string_view's
+    // bytes need no terminator for a cubin.
+    CUmodule module = nullptr;
+    if (absl::Status s =
+            CuStatus(api_.get(), api_->ModuleLoadData(&module, image.data()), "cuModuleLoadData");
+        !s.ok()) {
+      return s;
+    }
+    loaded.modules.push_back(module);
+  }
 
   VerifyResult result;
   result.device_ordinal = ordinal;
   result.device_name = dev.info.name;
   for (const EntryRequirement& req : entries) {
     CUfunction fn = nullptr;
-    absl::Status s = CuStatus(api_.get(), api_->ModuleGetFunction(&fn, module, req.name.c_str()),
-                              absl::StrCat("cuModuleGetFunction(\"", req.name, "\")"));
+    absl::Status s = absl::OkStatus();
+    for (CUmodule m : loaded.modules) {  // the first image that defines it
+      s = CuStatus(api_.get(), api_->ModuleGetFunction(&fn, m, req.name.c_str()),
+                   absl::StrCat("cuModuleGetFunction(\"", req.name, "\")"));
+      if (s.ok()) break;
+    }
     if (!s.ok()) return s;
     if (req.dynamic_smem_bytes > 0) {
       s = CuStatus(api_.get(),
@@ -412,15 +427,24 @@ absl::StatusOr<AttentionCheckDiff> CudaDevices::RunAttentionCheck(
     if (!s.ok()) return s;
     return p;
   };
-  const auto function = [&](absl::string_view image, const std::string& name,
+  // `name` from the first image of `blob` that defines it (images loaded in
+  // order until then).
+  const auto function = [&](absl::string_view blob, const std::string& name,
                             int smem) -> absl::StatusOr<CUfunction> {
-    CUmodule m = nullptr;
-    absl::Status s = CuStatus(&api, api.ModuleLoadData(&m, image.data()), "cuModuleLoadData");
-    if (!s.ok()) return s;
-    hold.modules.push_back(m);
+    absl::StatusOr<std::vector<std::string_view>> images =
+        SplitCubinImages(std::string_view(blob.data(), blob.size()));
+    if (!images.ok()) return images.status();
     CUfunction fn = nullptr;
-    s = CuStatus(&api, api.ModuleGetFunction(&fn, m, name.c_str()),
-                 absl::StrCat("cuModuleGetFunction(\"", name, "\")"));
+    absl::Status s = absl::OkStatus();
+    for (std::string_view image : *images) {
+      CUmodule m = nullptr;
+      s = CuStatus(&api, api.ModuleLoadData(&m, image.data()), "cuModuleLoadData");
+      if (!s.ok()) return s;
+      hold.modules.push_back(m);
+      s = CuStatus(&api, api.ModuleGetFunction(&fn, m, name.c_str()),
+                   absl::StrCat("cuModuleGetFunction(\"", name, "\")"));
+      if (s.ok()) break;
+    }
     if (s.ok() && smem > 48 * 1024) {
       s = CuStatus(&api,
                    api.FuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem),

@@ -5,6 +5,7 @@
 #include <nvrtc.h>
 
 #include <cctype>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/ascii.h"
@@ -13,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "compiler/cuda/cubin_images.h"
 #include "compiler/cuda/cuda_library.h"
 
 namespace kcache {
@@ -215,6 +217,9 @@ absl::StatusOr<CompileOutput> Nvrtc::Compile(const CompileInput& input, absl::Ti
   }
   if (absl::Status s = ValidateArch(input.arch); !s.ok()) return s;
   if (input.source.empty()) return absl::InvalidArgumentError("source: empty");
+  if (!input.more_units.empty()) {
+    return absl::InvalidArgumentError("more_units: a module of several units needs CompileUnits");
+  }
   for (const std::string& opt : input.extra_options) {
     if (absl::StartsWith(opt, "-arch") || absl::StartsWith(opt, "--gpu-architecture")) {
       return absl::InvalidArgumentError(
@@ -276,6 +281,46 @@ absl::StatusOr<CompileOutput> Nvrtc::Compile(const CompileInput& input, absl::Ti
   s = NvrtcStatus(api.GetCUBIN(prog, out.cubin.data()), api.GetErrorString, "nvrtcGetCUBIN");
   if (!s.ok()) return s;
   out.kernels = ParsePtxasReport(out.log);
+  out.wall_time = absl::Now() - start;
+  return out;
+}
+
+absl::StatusOr<CompileOutput> CompileUnits(const Nvrtc& nvrtc, const CompileInput& input,
+                                           absl::Time deadline) {
+  if (input.more_units.empty()) return nvrtc.Compile(input, deadline);
+  const absl::Time start = absl::Now();
+  const size_t n = input.more_units.size() + 1;
+  const std::string name = input.program_name.empty() ? "kcache.cu" : input.program_name;
+  std::vector<CompileInput> units(n);
+  for (size_t i = 0; i < n; ++i) {
+    CompileInput& u = units[i];
+    u.source = i == 0 ? input.source : input.more_units[i - 1];
+    u.program_name = absl::StrCat(name, " (unit ", i, ")");
+    u.headers = input.headers;
+    u.arch = input.arch;
+    u.extra_options = input.extra_options;
+  }
+  std::vector<absl::StatusOr<CompileOutput>> outs(n, absl::UnknownError("not compiled"));
+  {
+    std::vector<std::thread> threads;
+    threads.reserve(n - 1);
+    for (size_t i = 1; i < n; ++i) {
+      threads.emplace_back([&, i] { outs[i] = nvrtc.Compile(units[i], deadline); });
+    }
+    outs[0] = nvrtc.Compile(units[0], deadline);
+    for (std::thread& t : threads) t.join();
+  }
+  CompileOutput out;
+  std::vector<std::string> images;
+  for (size_t i = 0; i < n; ++i) {
+    if (!outs[i].ok()) return outs[i].status();  // its message names the unit's program
+    absl::StrAppend(&out.log, "unit ", i, ":\n", outs[i]->log);
+    for (KernelReport& k : outs[i]->kernels) out.kernels.push_back(std::move(k));
+    images.push_back(std::move(outs[i]->cubin));
+  }
+  absl::StatusOr<std::string> blob = JoinCubinImages(images);
+  if (!blob.ok()) return blob.status();
+  out.cubin = *std::move(blob);
   out.wall_time = absl::Now() - start;
   return out;
 }

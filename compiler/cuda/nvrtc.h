@@ -65,7 +65,9 @@ class Nvrtc {
   // Canonical path of the loaded library file (realpath).
   absl::StatusOr<std::string> LibraryPath() const;
 
-  // Compiles `input`; see Compiler in compiler/cuda/compile.h for the error codes.
+  // Compiles `input` (one unit: InvalidArgument when input.more_units is set;
+  // CompileUnits compiles those); see Compiler in compiler/cuda/compile.h for
+  // the error codes.
   // The deadline is enforced through nvrtcSetFlowCallback (NVRTC polls it,
   // so cancellation is prompt in the front end, coarser inside ptxas); an
   // InfiniteFuture deadline installs no callback.
@@ -80,6 +82,17 @@ class Nvrtc {
   LazyCudaApi<Api> api_;
 };
 
+// One compile of `input`: nvrtc.Compile when input.more_units is empty;
+// otherwise `source` and each of more_units compiled apart, each on its own
+// thread (NVRTC allows distinct programs concurrently: on two cores the units
+// of a backward module take about the longest unit's wall time, not the
+// sum), and the output's cubin their images joined (JoinCubinImages). Its log
+// has each unit's log under a "unit N:" line; its kernels are every unit's;
+// its wall_time is the whole. Errors as Compiler::Compile; the first failing
+// unit, in order, answers for the compile (its message names the unit).
+absl::StatusOr<CompileOutput> CompileUnits(const Nvrtc& nvrtc, const CompileInput& input,
+                                           absl::Time deadline);
+
 // Compiles in the calling process. Cheap, but an NVRTC crash or hang takes
 // the process with it: the daemon uses WorkerPool (compiler/worker/worker_pool.h).
 // Thread-safe. Does not own `nvrtc`, which must outlive it.
@@ -87,7 +100,7 @@ class InProcessCompiler : public Compiler {
  public:
   explicit InProcessCompiler(const Nvrtc* nvrtc) : nvrtc_(nvrtc) {}
   absl::StatusOr<CompileOutput> Compile(const CompileInput& input, absl::Time deadline) override {
-    return nvrtc_->Compile(input, deadline);
+    return CompileUnits(*nvrtc_, input, deadline);
   }
 
  private:

@@ -5,9 +5,12 @@
 #include <algorithm>
 #include <cctype>
 #include <map>
+#include <string_view>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "compiler/cuda/cubin_images.h"
 #include "llvm/BinaryFormat/ELF.h"
 #include "llvm/Object/ELFObjectFile.h"
 #include "llvm/Object/ObjectFile.h"
@@ -78,9 +81,45 @@ bool ParseNvInfo(std::string_view data, std::vector<Attribute>* out) {
   return i == data.size();
 }
 
+absl::StatusOr<CubinInfo> ReadImage(absl::string_view cubin);
+
 }  // namespace
 
 absl::StatusOr<CubinInfo> ReadCubin(absl::string_view cubin) {
+  absl::StatusOr<std::vector<std::string_view>> images =
+      SplitCubinImages(std::string_view(cubin.data(), cubin.size()));
+  if (!images.ok()) return images.status();
+  CubinInfo all;
+  for (size_t i = 0; i < images->size(); ++i) {
+    absl::StatusOr<CubinInfo> one =
+        ReadImage(absl::string_view((*images)[i].data(), (*images)[i].size()));
+    if (!one.ok()) {
+      if (images->size() == 1) return one.status();
+      return absl::Status(one.status().code(),
+                          absl::StrCat("image ", i, ": ", one.status().message()));
+    }
+    if (i == 0) {
+      all.arch = one->arch;
+    } else if (one->arch != all.arch) {
+      all.notes.push_back(absl::StrCat("image ", i, " is for ", one->arch, ", not ", all.arch));
+    }
+    for (CubinKernel& k : one->kernels) all.kernels.push_back(std::move(k));
+    for (std::string& n : one->notes) {  // once, whichever images say it
+      if (std::find(all.notes.begin(), all.notes.end(), n) == all.notes.end()) {
+        all.notes.push_back(std::move(n));
+      }
+    }
+  }
+  std::stable_sort(all.kernels.begin(), all.kernels.end(),
+                   [](const CubinKernel& a, const CubinKernel& b) {
+                     return a.entry != b.entry ? a.entry : a.name < b.name;
+                   });
+  return all;
+}
+
+namespace {
+
+absl::StatusOr<CubinInfo> ReadImage(absl::string_view cubin) {
   auto buffer = llvm::MemoryBuffer::getMemBuffer(llvm::StringRef(cubin.data(), cubin.size()),
                                                  "cubin", /*RequiresNullTerminator=*/false);
   llvm::Expected<std::unique_ptr<llvm::object::ObjectFile>> object =
@@ -216,5 +255,7 @@ absl::StatusOr<CubinInfo> ReadCubin(absl::string_view cubin) {
                    });
   return info;
 }
+
+}  // namespace
 
 }  // namespace kcache

@@ -39,8 +39,9 @@ struct CubinInfo {
   std::vector<std::string> notes;
 };
 
-// InvalidArgument when `cubin` is not an ELF object LLVM can read, or not
-// one for EM_CUDA.
+// Every image of `cubin` (compiler/cuda/cubin_images.h): their kernels
+// together, the first image's arch. InvalidArgument when `cubin` is not
+// whole ELF images, or an image is not one LLVM can read, or not for EM_CUDA.
 absl::StatusOr<CubinInfo> ReadCubin(absl::string_view cubin);
 
 }  // namespace kcache

@@ -133,6 +133,7 @@ CompileRequest ToRequest(const CompileInput& input, absl::Time deadline) {
   }
   r.set_arch(input.arch);
   for (const std::string& o : input.extra_options) r.add_extra_options(o);
+  for (const std::string& u : input.more_units) r.add_more_units(u);
   if (deadline != absl::InfiniteFuture()) r.set_deadline_unix_us(absl::ToUnixMicros(deadline));
   if (input.raw.has_value()) {
     RawSource* raw = r.mutable_raw();
@@ -150,6 +151,7 @@ CompileInput FromRequest(const CompileRequest& r, absl::Time* deadline) {
   for (const Header& h : r.headers()) in.headers[h.name()] = h.contents();
   in.arch = r.arch();
   in.extra_options.assign(r.extra_options().begin(), r.extra_options().end());
+  in.more_units.assign(r.more_units().begin(), r.more_units().end());
   if (r.has_raw()) {
     kcache::RawSource raw;
     raw.format = static_cast<RawFormat>(r.raw().format());
@@ -447,7 +449,7 @@ int Serve(const ServeOptions& options) {
     // at the deadline instead.
     absl::StatusOr<CompileOutput> result = input.raw.has_value()
                                                ? CompileRaw(*input.raw, input.arch, raw_options)
-                                               : nvrtc.Compile(input, deadline);
+                                               : CompileUnits(nvrtc, input, deadline);
     // NVRTC's out-of-memory answer under an address-space limit: the same
     // exit as a failed operator new, so the pool names the limit (and this
     // process, its heap possibly exhausted, is replaced).

@@ -271,6 +271,11 @@ TEST(CodegenBackwardTest, EntryPointsRolesAndTilesFollowTheContract) {
         EXPECT_LT(src.find("KC_BWD_NUM_WARPS"), src.find("#include"));
         EXPECT_THAT(g->headers, ::testing::ElementsAre("attention_params.h", "attention_fwd.cuh",
                                                        "attention_bwd.cuh"));
+        // Two units: the forward's (no backward include), the backward's
+        // (the whole text under KC_OMIT_FWD).
+        ASSERT_EQ(g->units.size(), 2u);
+        EXPECT_EQ(g->units[0], src.substr(0, bwd));
+        EXPECT_EQ(g->units[1], "#define KC_OMIT_FWD 1\n" + src);
       }
     }
   }
@@ -284,6 +289,7 @@ TEST(CodegenBackwardTest, ForwardOnlySpecsHaveNoBackwardMacrosOrEntries) {
   EXPECT_THAT(g->source, Not(HasSubstr("kc_expr_score_grad")));
   EXPECT_EQ(g->bwd_tiles.block_m, 0);
   EXPECT_THAT(g->headers, ::testing::ElementsAre("attention_params.h", "attention_fwd.cuh"));
+  EXPECT_THAT(g->units, ::testing::ElementsAre(g->source));
 }
 
 // ---------------------------------------------------------------------------
@@ -564,13 +570,22 @@ std::map<std::string, std::string> TemplateHeaders() {
 }
 
 absl::Status CompileGenerated(const GeneratedSource& g, const std::string& arch) {
+  // As the daemon compiles it: each unit into an image of its own.
   CompileInput in;
-  in.source = g.source;
+  in.source = g.units.front();
+  in.more_units.assign(g.units.begin() + 1, g.units.end());
   in.program_name = g.program_name;
   in.headers = TemplateHeaders();
   in.arch = arch;
-  absl::StatusOr<CompileOutput> out = SharedNvrtc().Compile(in);
+  absl::StatusOr<CompileOutput> out = CompileUnits(SharedNvrtc(), in, absl::InfiniteFuture());
   if (!out.ok()) return out.status();
+  // No kernel in two units (KC_OMIT_FWD leaves the forward's out of the backward's).
+  std::set<std::string> names;
+  for (const KernelReport& k : out->kernels) {
+    if (!names.insert(k.name).second) {
+      return absl::InternalError(absl::StrCat("kernel ", k.name, " is in two units"));
+    }
+  }
   for (const v1::EntryPoint& e : g.entry_points) {
     bool found = false;
     for (const KernelReport& k : out->kernels) found |= k.name == e.name();

@@ -2,9 +2,11 @@
 // reports, errors, and a missing library.
 #include "compiler/cuda/nvrtc.h"
 
+#include <string_view>
 #include <thread>
 #include <vector>
 
+#include "compiler/cuda/cubin_images.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/compiler/test_kernels.h"
@@ -128,6 +130,85 @@ TEST(NvrtcTest, ConcurrentCompilesOfSeparateProgramsSucceed) {
   }
   for (auto& t : threads) t.join();
   for (const absl::Status& s : results) EXPECT_TRUE(s.ok()) << s;
+}
+
+// A module of two units (an attention module with backward): one image each,
+// joined, both units' kernels and logs; the images cut back exactly.
+TEST(CompileUnitsTest, EachUnitIsAnImageOfItsOwn) {
+  Nvrtc nvrtc;
+  CompileInput in = Tiny("sm_90a");
+  in.source = testing::TinyKernelSource("kc_unit_a");
+  in.more_units = {testing::TinyKernelSource("kc_unit_b")};
+  absl::StatusOr<CompileOutput> out = CompileUnits(nvrtc, in, absl::InfiniteFuture());
+  ASSERT_TRUE(out.ok()) << out.status();
+  absl::StatusOr<std::vector<std::string_view>> images = SplitCubinImages(out->cubin);
+  ASSERT_TRUE(images.ok()) << images.status();
+  ASSERT_THAT(*images, SizeIs(2));
+  EXPECT_EQ(images->front().size() + images->back().size(), out->cubin.size());
+  ASSERT_THAT(out->kernels, SizeIs(2)) << out->log;
+  EXPECT_EQ(out->kernels[0].name, "kc_unit_a");
+  EXPECT_EQ(out->kernels[1].name, "kc_unit_b");
+  EXPECT_THAT(out->log, HasSubstr("unit 0:"));
+  EXPECT_THAT(out->log, HasSubstr("unit 1:"));
+  // Each image is what compiling its unit alone gives.
+  CompileInput b = Tiny("sm_90a");
+  b.source = in.more_units[0];
+  absl::StatusOr<CompileOutput> alone = nvrtc.Compile(b);
+  ASSERT_TRUE(alone.ok()) << alone.status();
+  EXPECT_EQ(images->back(), alone->cubin);
+  // One unit: exactly Nvrtc::Compile.
+  in.more_units.clear();
+  out = CompileUnits(nvrtc, in, absl::InfiniteFuture());
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_THAT(out->kernels, SizeIs(1));
+}
+
+TEST(CompileUnitsTest, FailingUnitAnswersAndIsNamed) {
+  Nvrtc nvrtc;
+  CompileInput in = Tiny("sm_90a");
+  in.program_name = "module.cu";
+  in.more_units = {"extern \"C\" __global__ void k(float* x) { x[0] = undeclared_thing; }\n"};
+  absl::StatusOr<CompileOutput> out = CompileUnits(nvrtc, in, absl::InfiniteFuture());
+  ASSERT_EQ(out.status().code(), absl::StatusCode::kFailedPrecondition) << out.status();
+  EXPECT_THAT(out.status().message(), HasSubstr("module.cu (unit 1)"));
+  EXPECT_THAT(out.status().message(), HasSubstr("undeclared_thing"));
+  EXPECT_EQ(CompileUnits(nvrtc, in, absl::InfinitePast()).status().code(),
+            absl::StatusCode::kDeadlineExceeded);
+}
+
+TEST(CompileUnitsTest, NvrtcCompileRefusesSeveralUnits) {
+  Nvrtc nvrtc;
+  CompileInput in = Tiny("sm_80");
+  in.more_units = {testing::TinyKernelSource("kc_other")};
+  absl::StatusOr<CompileOutput> out = nvrtc.Compile(in);
+  EXPECT_EQ(out.status().code(), absl::StatusCode::kInvalidArgument) << out.status();
+  EXPECT_THAT(out.status().message(), HasSubstr("more_units"));
+}
+
+TEST(CubinImagesTest, SplitRefusesWhatIsNotWholeImages) {
+  Nvrtc nvrtc;
+  absl::StatusOr<CompileOutput> out = nvrtc.Compile(Tiny("sm_80"));
+  ASSERT_TRUE(out.ok()) << out.status();
+  const std::string& image = out->cubin;
+  absl::StatusOr<std::vector<std::string_view>> one = SplitCubinImages(image);
+  ASSERT_TRUE(one.ok()) << one.status();
+  EXPECT_THAT(*one, SizeIs(1));
+  EXPECT_EQ(SplitCubinImages("").status().code(), absl::StatusCode::kInvalidArgument);
+  absl::StatusOr<std::vector<std::string_view>> bad = SplitCubinImages("not an elf at all");
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(bad.status().message(), HasSubstr("image 0"));
+  // A truncated image, alone or after a whole one; trailing bytes.
+  const std::string cut = image.substr(0, image.size() - 1);
+  EXPECT_EQ(SplitCubinImages(cut).status().code(), absl::StatusCode::kInvalidArgument);
+  bad = SplitCubinImages(image + cut);
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(bad.status().message(), HasSubstr("image 1"));
+  EXPECT_EQ(SplitCubinImages(image + "junk").status().code(), absl::StatusCode::kInvalidArgument);
+  // Join refuses an image with bytes past its ELF's end (the reader would lose its place).
+  absl::StatusOr<std::string> joined = JoinCubinImages({image, image});
+  ASSERT_TRUE(joined.ok()) << joined.status();
+  EXPECT_EQ(*joined, image + image);
+  EXPECT_EQ(JoinCubinImages({image + "x"}).status().code(), absl::StatusCode::kInternal);
 }
 
 TEST(PtxasReportTest, ParsesEveryField) {

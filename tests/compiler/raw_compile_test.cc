@@ -8,12 +8,14 @@
 
 #include "absl/strings/str_cat.h"
 #include "compiler/cuda/nvjitlink.h"
+#include "compiler/cuda/nvrtc.h"
 #include "compiler/llvm/cubin_elf.h"
 #include "compiler/llvm/llvm_nvptx.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/cache/test_util.h"
 #include "tests/common/raw_fixtures.h"
+#include "tests/compiler/test_kernels.h"
 
 namespace kcache {
 namespace {
@@ -351,6 +353,30 @@ TEST(RawCompile, ValidateRawSource) {
   EXPECT_THAT(ValidateRawSource({static_cast<RawFormat>(9), "x", {"k"}}),
               StatusIs(absl::StatusCode::kInvalidArgument));
   EXPECT_TRUE(ValidateRawSource({RawFormat::kPtx, "x", {"k", "_Z3fooPf", "a$b.c"}}).ok());
+}
+
+// A cubin of two images (an attention module with backward): both images'
+// kernels, the first image's arch.
+TEST(CubinElf, ReadsEveryImage) {
+  Nvrtc nvrtc;
+  CompileInput in;
+  in.arch = "sm_90a";
+  in.source = testing::TinyKernelSource("kc_first");
+  in.more_units = {testing::TinyKernelSource("kc_second")};
+  absl::StatusOr<CompileOutput> out = CompileUnits(nvrtc, in, absl::InfiniteFuture());
+  ASSERT_TRUE(out.ok()) << out.status();
+  auto info = ReadCubin(out->cubin);
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->arch, "sm_90a");
+  std::vector<std::string> names;
+  for (const CubinKernel& k : info->kernels) {
+    if (k.entry) names.push_back(k.name);
+  }
+  EXPECT_THAT(names, ::testing::ElementsAre("kc_first", "kc_second"));
+  // A damaged second image is named.
+  auto bad = ReadCubin(out->cubin.substr(0, out->cubin.size() - 8));
+  EXPECT_THAT(bad.status(), StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(bad.status().message(), HasSubstr("image 1"));
 }
 
 TEST(CubinElf, RefusesNonElf) {

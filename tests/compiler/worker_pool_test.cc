@@ -9,9 +9,11 @@
 
 #include <cerrno>
 #include <cstring>
+#include <string_view>
 #include <thread>
 #include <vector>
 
+#include "compiler/cuda/cubin_images.h"
 #include "compiler/cuda/nvrtc.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -71,6 +73,25 @@ TEST(WorkerPoolTest, SameOutputAsInProcess) {
   ASSERT_THAT(b->kernels, SizeIs(1));
   EXPECT_EQ(a->kernels[0].registers, b->kernels[0].registers);
   // (The logs differ only in ptxas's "Compile time = ..." line.)
+}
+
+// A module of two units crosses the worker protocol whole: the worker
+// compiles both and answers both images, as in process.
+TEST(WorkerPoolTest, ModuleOfTwoUnitsCompilesInTheWorker) {
+  WorkerPool pool(TestOptions());
+  Nvrtc nvrtc;
+  InProcessCompiler local(&nvrtc);
+  CompileInput in = Tiny("sm_90a");
+  in.more_units = {testing::TinyKernelSource("kc_tiny_second")};
+  absl::StatusOr<CompileOutput> a = pool.Compile(in, In(absl::Seconds(60)));
+  absl::StatusOr<CompileOutput> b = local.Compile(in, In(absl::Seconds(60)));
+  ASSERT_TRUE(a.ok() && b.ok()) << a.status() << b.status();
+  EXPECT_EQ(a->cubin, b->cubin);
+  absl::StatusOr<std::vector<std::string_view>> images = SplitCubinImages(a->cubin);
+  ASSERT_TRUE(images.ok()) << images.status();
+  EXPECT_THAT(*images, SizeIs(2));
+  ASSERT_THAT(a->kernels, SizeIs(2));
+  EXPECT_EQ(a->kernels[1].name, "kc_tiny_second");
 }
 
 TEST(WorkerPoolTest, CompileErrorComesBackWithItsLog) {

@@ -444,6 +444,30 @@ def nvrtc_compile(source, arch=90, sm90a=False, extra_options=(), name=b"kcache_
     return cubin, log
 
 
+BWD_INCLUDE = '#include "attention_bwd.cuh"'
+
+
+def module_units(source):
+    """The translation units of a module, as compiler/attention/codegen.cc cuts them
+    (GeneratedSource.units): a module with backward compiles as two units, each into an
+    image of its own, so that NVRTC's CPU time per unit stays within issue 27's budget:
+    the forward (the source without the backward's include) and the backward (KC_OMIT_FWD:
+    the same source without the forward's kernels). Otherwise the source alone.
+    KC_COMPILE_WHOLE=1 among the defines (a measurement switch): the source alone."""
+    if BWD_INCLUDE not in source or "#define KC_COMPILE_WHOLE 1" in source:
+        return [source]
+    fwd = "\n".join(l for l in source.split("\n") if l.strip() != BWD_INCLUDE)
+    return [fwd, "#define KC_OMIT_FWD 1\n" + source]
+
+
+def compile_module(source, arch=90, sm90a=False):
+    """A module's cubin as the daemon builds it: each of module_units compiled into an
+    image of its own, the images one after another (compiler/cuda/cubin_images.h).
+    Returns (cubin, the units' logs joined)."""
+    outs = [nvrtc_compile(u, arch=arch, sm90a=sm90a) for u in module_units(source)]
+    return b"".join(c for c, _ in outs), "\n".join(l for _, l in outs)
+
+
 def spec_key(spec):
     # A forward-only spec never includes the backward template: its key leaves it out, so
     # that forward cubins cached before a backward change stay valid.
@@ -451,7 +475,9 @@ def spec_key(spec):
     src = prelude(spec) + "".join(h.decode(errors="replace")
                                   for n, h in zip(HEADERS, _header_sources()) if n in names)
     lineinfo = "lineinfo" if _lineinfo() else ""
-    return hashlib.sha256((src + repr(spec["arch"]) + repr(spec["sm90a"]) + lineinfo).encode()
+    linked = "linked" if len(module_units(prelude(spec))) > 1 else ""
+    return hashlib.sha256((src + repr(spec["arch"]) + repr(spec["sm90a"]) + lineinfo + linked
+                           ).encode()
                           ).hexdigest()[:20]
 
 
@@ -462,7 +488,7 @@ def compile_spec(spec, cache_dir=CUBIN_DIR):
     if os.path.exists(path):
         with open(path, "rb") as f:
             return f.read(), open(path + ".log").read() if os.path.exists(path + ".log") else ""
-    cubin, log = nvrtc_compile(prelude(spec), arch=spec["arch"], sm90a=spec["sm90a"])
+    cubin, log = compile_module(prelude(spec), arch=spec["arch"], sm90a=spec["sm90a"])
     os.makedirs(cache_dir, exist_ok=True)
     tmp = "%s.tmp%d" % (path, os.getpid())  # compile_many runs several processes
     with open(tmp + ".log", "w") as f:
@@ -617,12 +643,14 @@ class Kernel:
         torch.zeros(1, device="cuda")  # makes the primary context current
         cu = _lib_cuda()
         self.spec = spec
-        self._cubin = ctypes.create_string_buffer(cubin, len(cubin))
-        self.module = ctypes.c_void_p()
-        _check(cu.cuModuleLoadData(ctypes.byref(self.module), self._cubin), "cuModuleLoadData")
-        self.fwd = ctypes.c_void_p()
-        _check(cu.cuModuleGetFunction(ctypes.byref(self.fwd), self.module, b"kcache_attn_fwd"),
-               "cuModuleGetFunction(fwd)")
+        from kcache.cuda import cubin_images
+        self.modules = []
+        for image in cubin_images(cubin):  # one module per image, as the clients load them
+            m = ctypes.c_void_p()
+            _check(cu.cuModuleLoadData(ctypes.byref(m), ctypes.create_string_buffer(
+                image, len(image))), "cuModuleLoadData")
+            self.modules.append(m)
+        self.fwd = self._function(cu, "kcache_attn_fwd")
         bm, bn, nw, st = spec["tiles"]
         self.block_m, self.block_n, self.threads = bm, bn, nw * 32
         self.smem = smem_bytes(bm, bn, st, spec["dqk"], spec["dv"])
@@ -633,9 +661,7 @@ class Kernel:
         # The forward's classes serve the backward (prepare_backward(classes=...)).
         self.shares_classes = False
         if spec["mask"] == "expr":
-            self.mask_build = ctypes.c_void_p()
-            _check(cu.cuModuleGetFunction(ctypes.byref(self.mask_build), self.module,
-                                          b"kcache_attn_mask_build"), "cuModuleGetFunction(mb)")
+            self.mask_build = self._function(cu, "kcache_attn_mask_build")
         self.bwd = {}
         if spec.get("backward"):
             bbm, bbn, bnw = spec["bwd_tiles"]
@@ -651,16 +677,21 @@ class Kernel:
             if spec["mask"] == "expr":
                 names.append("kcache_attn_bwd_mask_build")
             for name in names:
-                fn = ctypes.c_void_p()
-                _check(cu.cuModuleGetFunction(ctypes.byref(fn), self.module, name.encode()),
-                       "cuModuleGetFunction(%s)" % name)
-                self.bwd[name] = fn
+                self.bwd[name] = self._function(cu, name)
             for name, smem in (("kcache_attn_bwd_dkdv", self.smem_dkdv),
                                ("kcache_attn_bwd_dq", self.smem_dq)):
                 if name in self.bwd and smem > 48 * 1024:
                     _check(cu.cuFuncSetAttribute(
                         self.bwd[name], CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem),
                         "cuFuncSetAttribute(%s, %d)" % (name, smem))
+
+    def _function(self, cu, name):
+        """The entry point from the first image that defines it."""
+        fn = ctypes.c_void_p()
+        for m in self.modules:
+            if cu.cuModuleGetFunction(ctypes.byref(fn), m, name.encode()) == 0:
+                return fn
+        raise RuntimeError("cuModuleGetFunction(%s): no image of the cubin defines it" % name)
 
     def _launch(self, func, grid, threads, smem, params):
         import torch

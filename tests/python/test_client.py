@@ -182,3 +182,39 @@ def test_daemon_restart_between_requests(make_daemon):
     r2 = c.get_kernel(specs()["causal_bf16_d128_gqa"], arch="sm_80", timeout=120)
     assert r2.cubin[:4] == b"\x7fELF" and r1.key != r2.key
     c.close()
+
+
+def test_backward_module_is_two_images_each_with_its_kernels(daemon):
+    """A module with backward compiles as two units (issue 27's compile budget): the cubin
+    is their images one after another, the forward's kernels in the first, the backward's
+    in the second; kcache.cuda loads each image as a module of its own."""
+    from kcache.cuda import cubin_images
+    c = kcache.Client(daemon.target)
+    r = c.get_kernel(kcache.spec(dtype="bf16", head_dim=64, q_heads=4, mask=kcache.causal(),
+                                 backward=True), arch="sm_80", timeout=300)
+    images = cubin_images(r.cubin)
+    assert len(images) == 2 and b"".join(images) == r.cubin
+    assert all(i[:4] == b"\x7fELF" for i in images)
+    names = [e.name for e in r.record.entry_points]
+    assert names[0] == "kcache_attn_fwd" and "kcache_attn_bwd_dkdv" in names
+    assert b"kcache_attn_fwd\0" in images[0] and b"kcache_attn_bwd_dkdv" not in images[0]
+    assert b"kcache_attn_bwd_dkdv\0" in images[1] and b"kcache_attn_fwd\0" not in images[1]
+    # A forward-only module is one image.
+    f = c.get_kernel(kcache.spec(dtype="bf16", head_dim=64, q_heads=4, mask=kcache.causal()),
+                     arch="sm_80", timeout=300)
+    assert cubin_images(f.cubin) == [f.cubin]
+    c.close()
+
+
+@pytest.mark.parametrize("blob, what", [(b"", "image 0"), (b"garbage", "image 0"),
+                                        (None, "image 1")])
+def test_cubin_images_refuses_what_is_not_whole_images(daemon, blob, what):
+    from kcache.cuda import cubin_images
+    if blob is None:  # a whole image, then a truncated one
+        c = kcache.Client(daemon.target)
+        one = c.get_kernel(kcache.spec(dtype="bf16", head_dim=64, q_heads=4, mask=kcache.causal()),
+                           arch="sm_80", timeout=300).cubin
+        c.close()
+        blob = one + one[:-8]
+    with pytest.raises(kcache.CudaError, match=what):
+        cubin_images(blob)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import struct
 import threading
 from typing import (TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Sequence, Set, Tuple,
                     Union, cast)
@@ -189,16 +190,46 @@ def device_context(ordinal: int) -> Iterator[int]:
         cu.cuCtxPopCurrent_v2(ctypes.byref(_vp()))
 
 
-class LoadedKernel:
-    """A kernel's module in one CUDA context: its functions by entry-point name, each with
-    its dynamic shared memory limit raised to what the record says."""
+def cubin_images(blob: bytes) -> List[bytes]:
+    """The ELF images of a record's cubin, in order (compiler/cuda/cubin_images.h: a module
+    with backward has two, every other kernel one). Each image ends where the furthest of
+    its section header table, program header table and section contents ends. Raises
+    CudaError when the bytes are not whole 64-bit little-endian ELF images."""
+    images = []
+    at = 0
+    while at < len(blob) or not images:
+        b = blob[at:]
+        if len(b) < 64 or b[:4] != b"\x7fELF" or b[4] != 2 or b[5] != 1:
+            raise CudaError("cubin: image %d is not a 64-bit little-endian ELF" % len(images))
+        phoff, shoff = struct.unpack_from("<QQ", b, 0x20)
+        phentsize, phnum, shentsize, shnum = struct.unpack_from("<HHHH", b, 0x36)
+        end = max(64, phoff + phnum * phentsize, shoff + shnum * shentsize)
+        if end > len(b) or (shnum and shentsize < 64):
+            raise CudaError("cubin: image %d's ELF tables run past its bytes" % len(images))
+        for i in range(shnum):
+            h = shoff + i * shentsize
+            if struct.unpack_from("<I", b, h + 4)[0] == 8:  # SHT_NOBITS: no bytes in the file
+                continue
+            off, size = struct.unpack_from("<QQ", b, h + 0x18)
+            end = max(end, off + size)
+        if end > len(b):
+            raise CudaError("cubin: image %d's sections run past its bytes" % len(images))
+        images.append(b[:end])
+        at += end
+    return images
 
-    def __init__(self, result: KernelResult, context: int, module: int,
+
+class LoadedKernel:
+    """A kernel's modules (one per image of its cubin) in one CUDA context: its functions
+    by entry-point name, each with its dynamic shared memory limit raised to what the
+    record says."""
+
+    def __init__(self, result: KernelResult, context: int, modules: List[int],
                  functions: Dict[str, int]) -> None:
         self.result = result
         self.record = result.record
         self.context = context
-        self.module = module
+        self.modules = modules
         self.functions = functions  # name -> CUfunction (int)
         # Raw launches (launch_raw): per function, its FunctionLimits, and whether its
         # dynamic shared memory limit has been raised; once per function in this context.
@@ -227,16 +258,23 @@ def load_raw(result: KernelResult, context: int) -> LoadedKernel:
 
 def _load(result: KernelResult, context: int, attention: bool) -> LoadedKernel:
     cu = lib()
-    # The cubin must stay valid only for the call; the driver copies it.
-    image = ctypes.create_string_buffer(result.cubin, len(result.cubin))
-    mod = _vp()
-    check(cu.cuModuleLoadData(ctypes.byref(mod), image), "cuModuleLoadData")
+    modules: List[int] = []
     try:
+        for blob in cubin_images(result.cubin):
+            # The image must stay valid only for the call; the driver copies it.
+            image = ctypes.create_string_buffer(blob, len(blob))
+            mod = _vp()
+            check(cu.cuModuleLoadData(ctypes.byref(mod), image), "cuModuleLoadData")
+            modules.append(cast(int, mod.value))
         functions: Dict[str, int] = {}
         for e in result.record.entry_points:
             fn = _vp()
-            check(cu.cuModuleGetFunction(ctypes.byref(fn), mod, e.name.encode()),
-                  "cuModuleGetFunction(%s)" % e.name)
+            for m in modules:  # the first image that defines it
+                if cu.cuModuleGetFunction(ctypes.byref(fn), _vp(m), e.name.encode()) == 0:
+                    break
+            else:
+                raise CudaError("cuModuleGetFunction(%s): no image of the cubin defines it"
+                                % e.name)
             if e.dynamic_smem_bytes > 48 * 1024:
                 check(cu.cuFuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                                             e.dynamic_smem_bytes),
@@ -246,9 +284,10 @@ def _load(result: KernelResult, context: int, attention: bool) -> LoadedKernel:
                 _check_param_size(cu, fn, e.name)
             functions[e.name] = cast(int, fn.value)
     except BaseException:
-        cu.cuModuleUnload(mod)
+        for m in modules:
+            cu.cuModuleUnload(_vp(m))
         raise
-    return LoadedKernel(result, context, cast(int, mod.value), functions)
+    return LoadedKernel(result, context, modules, functions)
 
 
 def _check_param_size(cu, fn, name):
@@ -266,10 +305,11 @@ def _check_param_size(cu, fn, name):
 
 
 def unload(loaded: LoadedKernel) -> None:
-    """Unloads a LoadedKernel's module in its own context (best effort)."""
+    """Unloads a LoadedKernel's modules in its own context (best effort)."""
     cu = lib()
     if cu.cuCtxPushCurrent_v2(loaded.context) == 0:
-        cu.cuModuleUnload(loaded.module)
+        for m in loaded.modules:
+            cu.cuModuleUnload(_vp(m))
         cu.cuCtxPopCurrent_v2(ctypes.byref(_vp()))
 
 

@@ -13,7 +13,7 @@ from typing import Any, Dict
 
 from kcache.errors import KcacheError
 
-ABI_VERSION = 1
+ABI_VERSION = 2
 MAX_EXPR_BUFFERS = 8
 _i64 = ctypes.c_int64
 _i32 = ctypes.c_int32

@@ -1,0 +1,122 @@
+// A kernel's cubin blob: one or more executable ELF images, one after another.
+// An attention module with backward has two (its forward's kernels, then its
+// backward's: compiler/attention/codegen.h says why); every other kernel one.
+// Loaders load each image as its own module and look an entry point up in
+// the image that defines it. Header-only (absl only), so that the clients
+// share the one reader with the daemon.
+//
+// An image's size is where its ELF ends: the furthest of its section header
+// table, program header table and non-empty section contents. The writer
+// (JoinCubinImages) checks that this is each image's whole length, so the
+// reader's cut cannot drift.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+
+namespace kcache {
+
+// The length of the 64-bit little-endian ELF image at the start of `bytes`.
+// InvalidArgument (naming the flaw) when it is not one or runs past `bytes`.
+inline absl::StatusOr<size_t> CubinImageSize(std::string_view bytes) {
+  const auto u16 = [&](size_t at) {
+    uint16_t v;
+    std::memcpy(&v, bytes.data() + at, sizeof v);
+    return static_cast<uint64_t>(v);
+  };
+  const auto u32 = [&](size_t at) {
+    uint32_t v;
+    std::memcpy(&v, bytes.data() + at, sizeof v);
+    return static_cast<uint64_t>(v);
+  };
+  const auto u64 = [&](size_t at) {
+    uint64_t v;
+    std::memcpy(&v, bytes.data() + at, sizeof v);
+    return v;
+  };
+  constexpr size_t kHeader = 64;  // Elf64_Ehdr
+  if (bytes.size() < kHeader || bytes.substr(0, 4) != std::string_view("\x7f" "ELF", 4)) {
+    return absl::InvalidArgumentError("cubin: not an ELF image");
+  }
+  if (bytes[4] != 2 || bytes[5] != 1) {
+    return absl::InvalidArgumentError("cubin: not a 64-bit little-endian ELF");
+  }
+  const uint64_t size = bytes.size();
+  // Tables: (offset, count, entry size) must lie within the bytes.
+  const auto table_end = [&](uint64_t off, uint64_t n, uint64_t entsize,
+                             const char* what) -> absl::StatusOr<uint64_t> {
+    if (n == 0) return uint64_t{0};
+    if (off > size || entsize == 0 || n > (size - off) / entsize) {
+      return absl::InvalidArgumentError(absl::StrCat("cubin: ELF ", what, " table runs past ",
+                                                     size, " bytes"));
+    }
+    return off + n * entsize;
+  };
+  const uint64_t shoff = u64(0x28), phoff = u64(0x20);
+  const uint64_t phentsize = u16(0x36), phnum = u16(0x38);
+  const uint64_t shentsize = u16(0x3A), shnum = u16(0x3C);
+  absl::StatusOr<uint64_t> sh_end = table_end(shoff, shnum, shentsize, "section header");
+  if (!sh_end.ok()) return sh_end.status();
+  absl::StatusOr<uint64_t> ph_end = table_end(phoff, phnum, phentsize, "program header");
+  if (!ph_end.ok()) return ph_end.status();
+  uint64_t end = std::max<uint64_t>({kHeader, *sh_end, *ph_end});
+  if (shnum > 0 && shentsize < 64) {
+    return absl::InvalidArgumentError("cubin: ELF section headers too small");
+  }
+  for (uint64_t i = 0; i < shnum; ++i) {
+    const size_t at = static_cast<size_t>(shoff + i * shentsize);
+    constexpr uint64_t kNoBits = 8;  // SHT_NOBITS: no bytes in the file
+    if (u32(at + 4) == kNoBits) continue;
+    const uint64_t off = u64(at + 0x18), len = u64(at + 0x20);
+    if (off > size || len > size - off) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("cubin: ELF section ", i, " runs past ", size, " bytes"));
+    }
+    end = std::max(end, off + len);
+  }
+  return static_cast<size_t>(end);
+}
+
+// The images of a blob, in order (views into `blob`). InvalidArgument when
+// the blob is empty, or any part of it is not a whole ELF image.
+inline absl::StatusOr<std::vector<std::string_view>> SplitCubinImages(std::string_view blob) {
+  if (blob.empty()) return absl::InvalidArgumentError("cubin: empty");
+  std::vector<std::string_view> images;
+  while (!blob.empty()) {
+    absl::StatusOr<size_t> n = CubinImageSize(blob);
+    if (!n.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(n.status().message(), " (image ", images.size(), ")"));
+    }
+    images.push_back(blob.substr(0, *n));
+    blob.remove_prefix(*n);
+  }
+  return images;
+}
+
+// One blob of `images` (each a whole ELF image, as SplitCubinImages cuts it
+// back). Internal error when an image has bytes past its ELF's end: the
+// reader could not find the next image.
+inline absl::StatusOr<std::string> JoinCubinImages(const std::vector<std::string>& images) {
+  std::string blob;
+  for (size_t i = 0; i < images.size(); ++i) {
+    absl::StatusOr<size_t> n = CubinImageSize(images[i]);
+    if (!n.ok()) return absl::InternalError(absl::StrCat(n.status().message(), " (unit ", i, ")"));
+    if (*n != images[i].size()) {
+      return absl::InternalError(absl::StrCat("cubin of unit ", i, ": ", images[i].size(),
+                                              " bytes, its ELF ends at ", *n));
+    }
+    blob += images[i];
+  }
+  return blob;
+}
+
+}  // namespace kcache
