@@ -18,6 +18,7 @@ largest peak RSS: on a shared machine single runs vary by +-15 % (2026-12-02).
 """
 import os
 import resource
+import statistics
 import subprocess
 import sys
 import time
@@ -95,8 +96,13 @@ def main():
     for (name, bwd), r in runs.items():
         spread = " (max total %5.2f s)" % max(x[0] for x in r) if repeat > 1 else ""
         cpu = min(x[0] for x in r)
-        units = [min(x[3][i] for x in r) for i in range(len(r[0][3]))]
-        per_unit = "  units %s" % " / ".join("%.2f" % u for u in units) if len(units) > 1 else ""
+        per_unit = ""
+        if len(r[0][3]) > 1:
+            cols = [[x[3][i] for x in r] for i in range(len(r[0][3]))]
+            per_unit = "  units %s" % " / ".join("%.2f" % min(c) for c in cols)
+            if repeat > 1:
+                per_unit += " (median %s)" % " / ".join("%.2f" % statistics.median(c)
+                                                        for c in cols)
         print("%-20s %-16s cpu %5.2f s = %4.1fx ref%s  wall %5.2f s  peak RSS %4d MB%s" % (
             name, "forward+backward" if bwd else "forward", cpu, cpu / ref, per_unit,
             min(x[1] for x in r), max(x[2] for x in r), spread))
