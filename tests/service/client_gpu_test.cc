@@ -276,5 +276,42 @@ TEST_F(ClientGpuTest, DaemonCompilesAndVerifiesClientLoadsAndKernelIsCorrect) {
   EXPECT_EQ(d.Stop(SIGTERM), 0);
 }
 
+// A spec with backward: its cubin is two images (the forward's kernels, the
+// backward's; docs/kernel-contract.md), which the client loads as two modules,
+// every entry point from the image that defines it.
+TEST_F(ClientGpuTest, BackwardModuleLoadsAsTwoModulesWithEveryEntryPoint) {
+  TempDir dir;
+  DaemonProcess d(dir.path(), {"--compile_only=false"});
+  ASSERT_NO_FATAL_FAILURE(d.Start());
+  ClientOptions o;
+  o.target = d.target();
+  auto client = Client::Create(o);
+  ASSERT_TRUE(client.ok());
+  v1::AttentionSpec spec;
+  spec.set_dtype(v1::DTYPE_BF16);
+  spec.set_head_dim_qk(128);
+  spec.set_num_q_heads(8);
+  spec.set_num_kv_heads(2);
+  spec.set_backward(true);
+  spec.mutable_mask()->mutable_causal();
+  auto loaded = client->get()->Load(spec);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  const v1::KernelRecord& rec = (*loaded)->response->record();
+  EXPECT_TRUE(rec.verified());
+  EXPECT_EQ((*loaded)->modules.size(), 2u);
+  ASSERT_GE(rec.entry_points_size(), 4);
+  for (const auto& e : rec.entry_points()) {
+    EXPECT_NE((*loaded)->Function(e.role()), nullptr) << e.name();
+  }
+  EXPECT_NE((*loaded)->Function(v1::ENTRY_ROLE_FORWARD),
+            (*loaded)->Function(v1::ENTRY_ROLE_BACKWARD));
+  // Forward only: one image, one module.
+  spec.set_backward(false);
+  auto forward = client->get()->Load(spec);
+  ASSERT_TRUE(forward.ok()) << forward.status();
+  EXPECT_EQ((*forward)->modules.size(), 1u);
+  EXPECT_EQ(d.Stop(SIGTERM), 0);
+}
+
 }  // namespace
 }  // namespace kcache
