@@ -43,7 +43,9 @@ inline absl::StatusOr<size_t> CubinImageSize(std::string_view bytes) {
     return v;
   };
   constexpr size_t kHeader = 64;  // Elf64_Ehdr
-  if (bytes.size() < kHeader || bytes.substr(0, 4) != std::string_view("\x7f" "ELF", 4)) {
+  if (bytes.size() < kHeader || bytes.substr(0, 4) != std::string_view("\x7f"
+                                                                       "ELF",
+                                                                       4)) {
     return absl::InvalidArgumentError("cubin: not an ELF image");
   }
   if (bytes[4] != 2 || bytes[5] != 1) {
@@ -55,8 +57,8 @@ inline absl::StatusOr<size_t> CubinImageSize(std::string_view bytes) {
                              const char* what) -> absl::StatusOr<uint64_t> {
     if (n == 0) return uint64_t{0};
     if (off > size || entsize == 0 || n > (size - off) / entsize) {
-      return absl::InvalidArgumentError(absl::StrCat("cubin: ELF ", what, " table runs past ",
-                                                     size, " bytes"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("cubin: ELF ", what, " table runs past ", size, " bytes"));
     }
     return off + n * entsize;
   };
