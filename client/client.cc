@@ -446,27 +446,30 @@ absl::StatusOr<std::shared_ptr<const LoadedKernel>> Client::LoadRequest(
     auto images = SplitCubinImages((*resp)->cubin());
     if (!images.ok()) return images.status();
     for (std::string_view image : *images) {
+      // A copy: an image after the first starts where the one before ends,
+      // 8-byte aligned at best; a std::string is allocated as new aligns.
+      const std::string aligned(image);
       ci::CUmodule mod = nullptr;
       if (auto s =
-              ci::CudaStatus(api, api.cuModuleLoadData(&mod, image.data()), "cuModuleLoadData");
+              ci::CudaStatus(api, api.cuModuleLoadData(&mod, aligned.data()), "cuModuleLoadData");
           !s.ok()) {
         return s;
       }
       loaded->modules.push_back(mod);
     }
     for (const auto& e : (*resp)->record().entry_points()) {
-      // In the first image that defines it.
+      // From the first image that defines it; any other driver error stops
+      // the search and is reported as the driver gave it.
+      constexpr ci::CUresult kNotFound = 500;  // CUDA_ERROR_NOT_FOUND
       ci::CUfunction fn = nullptr;
+      ci::CUresult rc = kNotFound;
       for (void* m : loaded->modules) {
-        if (api.cuModuleGetFunction(&fn, static_cast<ci::CUmodule>(m), e.name().c_str()) == 0) {
-          break;
-        }
-        fn = nullptr;
+        rc = api.cuModuleGetFunction(&fn, static_cast<ci::CUmodule>(m), e.name().c_str());
+        if (rc != kNotFound) break;
       }
-      if (fn == nullptr) {
-        return absl::NotFoundError(
-            absl::StrCat("cuModuleGetFunction(", e.name(), "): no image of the cubin defines it"));
-      }
+      const std::string what = absl::StrCat("cuModuleGetFunction(", e.name(), ") in the cubin's ",
+                                            loaded->modules.size(), " image(s)");
+      if (auto s = ci::CudaStatus(api, rc, what.c_str()); !s.ok()) return s;
       if (e.dynamic_smem_bytes() > 48 * 1024) {
         // 8 = CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
         if (auto s = ci::CudaStatus(

@@ -34,12 +34,11 @@ class NumericRunner {
  public:
   virtual ~NumericRunner() = default;
   // Runs the forward of `record` (an attention kernel: spec and entry
-  // points; `cubin` its image) and the reference `reference_cubin`
-  // (entry kcache_attn_ref_fwd) on device `ordinal` on the same small
-  // random inputs (mask inputs and expression buffers included), and
-  // compares O. An out-of-tolerance result is still OK here (the caller
-  // judges); errors are for runs that could not happen (load, launch,
-  // memory), as the driver reports them.
+  // points; `cubin` its image or images, compiler/cuda/cubin_images.h) and the reference
+  // `reference_cubin` (entry kcache_attn_ref_fwd) on device `ordinal` on the same small random
+  // inputs (mask inputs and expression buffers included), and compares O. An out-of-tolerance
+  // result is still OK here (the caller judges); errors are for runs that could not happen (load,
+  // launch, memory), as the driver reports them.
   virtual absl::StatusOr<NumericDiff> Run(int ordinal, const v1::KernelRecord& record,
                                           absl::string_view cubin,
                                           absl::string_view reference_cubin) = 0;

@@ -652,8 +652,8 @@ constexpr int kWinRight = KC_WINDOW_RIGHT;
 }  // namespace kcache
 
 // KC_OMIT_FWD: the backward's translation unit of a module (codegen.cc
-// compiles a backward module as two units, linked): these helpers without the
-// forward's kernels.
+// compiles a backward module as two units, each into an image of its own):
+// these helpers without the forward's kernels.
 #if !KC_OMIT_FWD
 extern "C" __global__ void __launch_bounds__(KC_NUM_WARPS * 32)
     kcache_attn_fwd(const __grid_constant__ kcache::AttentionParams p) {

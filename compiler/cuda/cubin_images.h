@@ -6,9 +6,12 @@
 // share the one reader with the daemon.
 //
 // An image's size is where its ELF ends: the furthest of its section header
-// table, program header table and non-empty section contents. The writer
-// (JoinCubinImages) checks that this is each image's whole length, so the
-// reader's cut cannot drift.
+// table, program header table and non-empty section contents. The writers
+// (JoinCubinImages, CheckCubinImage on every compile's output) check that
+// this is each image's whole length, so the reader's cut cannot drift. ELF
+// extended numbering (e_shnum 0 with the count in section 0, e_phnum 0xffff)
+// is not read: no cubin NVRTC or nvJitLink writes uses it, and the writers'
+// check refuses one that would.
 #pragma once
 
 #include <algorithm>
@@ -104,17 +107,26 @@ inline absl::StatusOr<std::vector<std::string_view>> SplitCubinImages(std::strin
   return images;
 }
 
-// One blob of `images` (each a whole ELF image, as SplitCubinImages cuts it
-// back). Internal error when an image has bytes past its ELF's end: the
-// reader could not find the next image.
+// OK when `image` is exactly one whole ELF image, as SplitCubinImages reads
+// it; Internal otherwise (`what` names it): a compiler's output that the
+// loaders would refuse or cut elsewhere is never published.
+inline absl::Status CheckCubinImage(std::string_view image, const std::string& what) {
+  absl::StatusOr<size_t> n = CubinImageSize(image);
+  if (!n.ok()) return absl::InternalError(absl::StrCat(what, ": ", n.status().message()));
+  if (*n != image.size()) {
+    return absl::InternalError(
+        absl::StrCat(what, ": ", image.size(), " bytes, but its ELF ends at ", *n));
+  }
+  return absl::OkStatus();
+}
+
+// One blob of `images` (each checked by CheckCubinImage, so that
+// SplitCubinImages cuts the blob back into them).
 inline absl::StatusOr<std::string> JoinCubinImages(const std::vector<std::string>& images) {
   std::string blob;
   for (size_t i = 0; i < images.size(); ++i) {
-    absl::StatusOr<size_t> n = CubinImageSize(images[i]);
-    if (!n.ok()) return absl::InternalError(absl::StrCat(n.status().message(), " (unit ", i, ")"));
-    if (*n != images[i].size()) {
-      return absl::InternalError(absl::StrCat("cubin of unit ", i, ": ", images[i].size(),
-                                              " bytes, its ELF ends at ", *n));
+    if (absl::Status s = CheckCubinImage(images[i], absl::StrCat("cubin of unit ", i)); !s.ok()) {
+      return s;
     }
     blob += images[i];
   }

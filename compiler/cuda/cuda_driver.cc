@@ -271,11 +271,12 @@ absl::StatusOr<VerifyResult> CudaDevices::Verify(int ordinal, absl::string_view 
     }
   } loaded{*api_, {}};
   for (std::string_view image : *images) {
-    // cuModuleLoadData reads the image up to its ELF size; the string_view's
-    // bytes need no terminator for a cubin.
+    // A copy: an image after the first starts where the one before ends,
+    // 8-byte aligned at best; a std::string is allocated as new aligns.
+    const std::string aligned(image);
     CUmodule module = nullptr;
     if (absl::Status s =
-            CuStatus(api_.get(), api_->ModuleLoadData(&module, image.data()), "cuModuleLoadData");
+            CuStatus(api_.get(), api_->ModuleLoadData(&module, aligned.data()), "cuModuleLoadData");
         !s.ok()) {
       return s;
     }
@@ -286,13 +287,15 @@ absl::StatusOr<VerifyResult> CudaDevices::Verify(int ordinal, absl::string_view 
   result.device_ordinal = ordinal;
   result.device_name = dev.info.name;
   for (const EntryRequirement& req : entries) {
+    // From the first image that defines it; another error stops the search.
     CUfunction fn = nullptr;
-    absl::Status s = absl::OkStatus();
-    for (CUmodule m : loaded.modules) {  // the first image that defines it
-      s = CuStatus(api_.get(), api_->ModuleGetFunction(&fn, m, req.name.c_str()),
-                   absl::StrCat("cuModuleGetFunction(\"", req.name, "\")"));
-      if (s.ok()) break;
+    CUresult rc = CUDA_ERROR_NOT_FOUND;
+    for (CUmodule m : loaded.modules) {
+      rc = api_->ModuleGetFunction(&fn, m, req.name.c_str());
+      if (rc != CUDA_ERROR_NOT_FOUND) break;
     }
+    absl::Status s =
+        CuStatus(api_.get(), rc, absl::StrCat("cuModuleGetFunction(\"", req.name, "\")"));
     if (!s.ok()) return s;
     if (req.dynamic_smem_bytes > 0) {
       s = CuStatus(api_.get(),
@@ -435,16 +438,18 @@ absl::StatusOr<AttentionCheckDiff> CudaDevices::RunAttentionCheck(
         SplitCubinImages(std::string_view(blob.data(), blob.size()));
     if (!images.ok()) return images.status();
     CUfunction fn = nullptr;
-    absl::Status s = absl::OkStatus();
+    CUresult rc = CUDA_ERROR_NOT_FOUND;
     for (std::string_view image : *images) {
+      const std::string aligned(image);  // as in Verify
       CUmodule m = nullptr;
-      s = CuStatus(&api, api.ModuleLoadData(&m, image.data()), "cuModuleLoadData");
-      if (!s.ok()) return s;
+      absl::Status loaded =
+          CuStatus(&api, api.ModuleLoadData(&m, aligned.data()), "cuModuleLoadData");
+      if (!loaded.ok()) return loaded;
       hold.modules.push_back(m);
-      s = CuStatus(&api, api.ModuleGetFunction(&fn, m, name.c_str()),
-                   absl::StrCat("cuModuleGetFunction(\"", name, "\")"));
-      if (s.ok()) break;
+      rc = api.ModuleGetFunction(&fn, m, name.c_str());
+      if (rc != CUDA_ERROR_NOT_FOUND) break;
     }
+    absl::Status s = CuStatus(&api, rc, absl::StrCat("cuModuleGetFunction(\"", name, "\")"));
     if (s.ok() && smem > 48 * 1024) {
       s = CuStatus(&api,
                    api.FuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem),

@@ -104,13 +104,14 @@ class Devices {
   // Devices found at start; empty in compile-only mode.
   virtual std::vector<DeviceInfo> List() const = 0;
 
-  // Loads `cubin` on device `ordinal`, looks up every entry point, reads its
-  // attributes, applies the requirements, and unloads the module.
-  // Errors: InvalidArgument (unknown ordinal, empty cubin, no entries, or
-  // `arch` the device cannot verify), Unavailable (compile-only mode),
-  // FailedPrecondition (the image does not load, an entry point is missing,
-  // a requirement cannot be met; the message names which), others as the
-  // driver reports them.
+  // Loads every image of `cubin` (compiler/cuda/cubin_images.h) on device
+  // `ordinal`, looks up every entry point in the image that defines it, reads
+  // its attributes, applies the requirements, and unloads the modules.
+  // Errors: InvalidArgument (unknown ordinal, empty cubin or not whole ELF
+  // images, no entries, or `arch` the device cannot verify), Unavailable
+  // (compile-only mode), FailedPrecondition (an image does not load, an entry
+  // point is missing, a requirement cannot be met; the message names which),
+  // others as the driver reports them.
   virtual absl::StatusOr<VerifyResult> Verify(int ordinal, absl::string_view arch,
                                               absl::string_view cubin,
                                               const std::vector<EntryRequirement>& entries) = 0;

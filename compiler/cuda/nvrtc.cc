@@ -5,6 +5,7 @@
 #include <nvrtc.h>
 
 #include <cctype>
+#include <system_error>
 #include <thread>
 #include <utility>
 
@@ -287,7 +288,13 @@ absl::StatusOr<CompileOutput> Nvrtc::Compile(const CompileInput& input, absl::Ti
 
 absl::StatusOr<CompileOutput> CompileUnits(const Nvrtc& nvrtc, const CompileInput& input,
                                            absl::Time deadline) {
-  if (input.more_units.empty()) return nvrtc.Compile(input, deadline);
+  if (input.more_units.empty()) {
+    absl::StatusOr<CompileOutput> out = nvrtc.Compile(input, deadline);
+    if (out.ok()) {
+      if (absl::Status s = CheckCubinImage(out->cubin, "NVRTC's cubin"); !s.ok()) return s;
+    }
+    return out;
+  }
   const absl::Time start = absl::Now();
   const size_t n = input.more_units.size() + 1;
   const std::string name = input.program_name.empty() ? "kcache.cu" : input.program_name;
@@ -305,7 +312,11 @@ absl::StatusOr<CompileOutput> CompileUnits(const Nvrtc& nvrtc, const CompileInpu
     std::vector<std::thread> threads;
     threads.reserve(n - 1);
     for (size_t i = 1; i < n; ++i) {
-      threads.emplace_back([&, i] { outs[i] = nvrtc.Compile(units[i], deadline); });
+      try {
+        threads.emplace_back([&, i] { outs[i] = nvrtc.Compile(units[i], deadline); });
+      } catch (const std::system_error&) {
+        outs[i] = nvrtc.Compile(units[i], deadline);  // no thread to be had: here, in turn
+      }
     }
     outs[0] = nvrtc.Compile(units[0], deadline);
     for (std::thread& t : threads) t.join();

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "compiler/cuda/cubin_images.h"
 #include "compiler/cuda/nvrtc.h"
 
 namespace kcache {
@@ -120,6 +121,8 @@ absl::StatusOr<CompileOutput> CompileRaw(const RawSource& raw, const std::string
   auto linked = options.linker->LinkPtx(ptx, arch, "raw.ptx");
   if (!linked.ok()) return linked.status();
   absl::StrAppend(&out.log, linked->log);
+  // The loaders read a cubin as ELF images (compiler/cuda/cubin_images.h).
+  if (absl::Status s = CheckCubinImage(linked->cubin, "nvJitLink's cubin"); !s.ok()) return s;
   out.cubin = std::move(linked->cubin);
   out.kernels = ParsePtxasReport(linked->log);
   out.wall_time = absl::Now() - start;

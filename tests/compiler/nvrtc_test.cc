@@ -2,6 +2,8 @@
 // reports, errors, and a missing library.
 #include "compiler/cuda/nvrtc.h"
 
+#include <cstdint>
+#include <cstring>
 #include <string_view>
 #include <thread>
 #include <vector>
@@ -204,6 +206,21 @@ TEST(CubinImagesTest, SplitRefusesWhatIsNotWholeImages) {
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(bad.status().message(), HasSubstr("image 1"));
   EXPECT_EQ(SplitCubinImages(image + "junk").status().code(), absl::StatusCode::kInvalidArgument);
+  // An empty table's offset means nothing: with no program headers (ptxas
+  // writes them last) image 0 ends before them, and what follows is not an
+  // image; entries of size 0 are refused (client/python/kcache/cuda.py's
+  // cubin_images reads the same).
+  std::string far = image;
+  const uint64_t past = image.size() + 4096;
+  const uint16_t zero = 0;
+  std::memcpy(far.data() + 0x20, &past, sizeof past);  // e_phoff
+  std::memcpy(far.data() + 0x38, &zero, sizeof zero);  // e_phnum
+  bad = SplitCubinImages(far);
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(bad.status().message(), HasSubstr("not an ELF image (image 1)"));
+  std::string flat = image;
+  std::memcpy(flat.data() + 0x3A, &zero, sizeof zero);  // e_shentsize
+  EXPECT_EQ(SplitCubinImages(flat).status().code(), absl::StatusCode::kInvalidArgument);
   // Join refuses an image with bytes past its ELF's end (the reader would lose its place).
   absl::StatusOr<std::string> joined = JoinCubinImages({image, image});
   ASSERT_TRUE(joined.ok()) << joined.status();

@@ -475,8 +475,8 @@ def spec_key(spec):
     src = prelude(spec) + "".join(h.decode(errors="replace")
                                   for n, h in zip(HEADERS, _header_sources()) if n in names)
     lineinfo = "lineinfo" if _lineinfo() else ""
-    linked = "linked" if len(module_units(prelude(spec))) > 1 else ""
-    return hashlib.sha256((src + repr(spec["arch"]) + repr(spec["sm90a"]) + lineinfo + linked
+    units = "units%d" % len(module_units(prelude(spec)))
+    return hashlib.sha256((src + repr(spec["arch"]) + repr(spec["sm90a"]) + lineinfo + units
                            ).encode()
                           ).hexdigest()[:20]
 

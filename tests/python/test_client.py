@@ -218,3 +218,24 @@ def test_cubin_images_refuses_what_is_not_whole_images(daemon, blob, what):
         blob = one + one[:-8]
     with pytest.raises(kcache.CudaError, match=what):
         cubin_images(blob)
+
+
+def test_cubin_images_reads_tables_as_the_cpp_reader_does(daemon):
+    """compiler/cuda/cubin_images.h's rules: an empty table's offset means nothing (with no
+    program headers, which ptxas writes last, image 0 ends before them and what follows is
+    not an image); a table of entries of size 0 is refused."""
+    import struct
+    from kcache.cuda import cubin_images
+    c = kcache.Client(daemon.target)
+    one = c.get_kernel(kcache.spec(dtype="bf16", head_dim=64, q_heads=4, mask=kcache.causal()),
+                       arch="sm_80", timeout=300).cubin
+    c.close()
+    b = bytearray(one)
+    struct.pack_into("<Q", b, 0x20, len(b) + 4096)  # program headers far past the end...
+    struct.pack_into("<H", b, 0x38, 0)  # ...but none of them
+    with pytest.raises(kcache.CudaError, match="image 1 is not"):
+        cubin_images(bytes(b))
+    b = bytearray(one)
+    struct.pack_into("<H", b, 0x3A, 0)  # section header entries of size 0
+    with pytest.raises(kcache.CudaError, match="image 0"):
+        cubin_images(bytes(b))

@@ -222,7 +222,7 @@ class FakeDriver:
 
 def fake_loaded(monkeypatch, driver):
     monkeypatch.setattr(cuda, "_lib", driver)
-    return cuda.LoadedKernel(type("R", (), {"record": None})(), 1, 2, {"k": 0x1234})
+    return cuda.LoadedKernel(type("R", (), {"record": None})(), 1, [2], {"k": 0x1234})
 
 
 def test_launch_raw_raises_the_shared_limit_once_per_function(monkeypatch):

@@ -30,6 +30,7 @@ CU_FUNC_ATTRIBUTE_CLUSTER_SIZE_MUST_BE_SET = 10
 CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_WIDTH = 11   # HEIGHT 12, DEPTH 13
 CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED = 14
 CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN = 97
+CUDA_ERROR_NOT_FOUND = 500
 CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75
 CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 76
 CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION = 4
@@ -193,8 +194,9 @@ def device_context(ordinal: int) -> Iterator[int]:
 def cubin_images(blob: bytes) -> List[bytes]:
     """The ELF images of a record's cubin, in order (compiler/cuda/cubin_images.h: a module
     with backward has two, every other kernel one). Each image ends where the furthest of
-    its section header table, program header table and section contents ends. Raises
-    CudaError when the bytes are not whole 64-bit little-endian ELF images."""
+    its section header table, program header table and section contents ends; the same rule
+    as the C++ reader, which this must match. Raises CudaError when the bytes are not whole
+    64-bit little-endian ELF images."""
     images = []
     at = 0
     while at < len(blob) or not images:
@@ -203,9 +205,15 @@ def cubin_images(blob: bytes) -> List[bytes]:
             raise CudaError("cubin: image %d is not a 64-bit little-endian ELF" % len(images))
         phoff, shoff = struct.unpack_from("<QQ", b, 0x20)
         phentsize, phnum, shentsize, shnum = struct.unpack_from("<HHHH", b, 0x36)
-        end = max(64, phoff + phnum * phentsize, shoff + shnum * shentsize)
-        if end > len(b) or (shnum and shentsize < 64):
-            raise CudaError("cubin: image %d's ELF tables run past its bytes" % len(images))
+        end = 64
+        for off, n, entsize in ((shoff, shnum, shentsize), (phoff, phnum, phentsize)):
+            if n == 0:  # an empty table's offset means nothing
+                continue
+            if entsize == 0 or off > len(b) or n > (len(b) - off) // entsize:
+                raise CudaError("cubin: image %d's ELF tables run past its bytes" % len(images))
+            end = max(end, off + n * entsize)
+        if shnum and shentsize < 64:
+            raise CudaError("cubin: image %d's ELF section headers are too small" % len(images))
         for i in range(shnum):
             h = shoff + i * shentsize
             if struct.unpack_from("<I", b, h + 4)[0] == 8:  # SHT_NOBITS: no bytes in the file
@@ -269,12 +277,12 @@ def _load(result: KernelResult, context: int, attention: bool) -> LoadedKernel:
         functions: Dict[str, int] = {}
         for e in result.record.entry_points:
             fn = _vp()
+            r = CUDA_ERROR_NOT_FOUND
             for m in modules:  # the first image that defines it
-                if cu.cuModuleGetFunction(ctypes.byref(fn), _vp(m), e.name.encode()) == 0:
+                r = cu.cuModuleGetFunction(ctypes.byref(fn), _vp(m), e.name.encode())
+                if r != CUDA_ERROR_NOT_FOUND:
                     break
-            else:
-                raise CudaError("cuModuleGetFunction(%s): no image of the cubin defines it"
-                                % e.name)
+            check(r, "cuModuleGetFunction(%s) in the cubin's %d image(s)" % (e.name, len(modules)))
             if e.dynamic_smem_bytes > 48 * 1024:
                 check(cu.cuFuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                                             e.dynamic_smem_bytes),
