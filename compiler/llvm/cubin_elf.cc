@@ -81,6 +81,7 @@ bool ParseNvInfo(std::string_view data, std::vector<Attribute>* out) {
   return i == data.size();
 }
 
+// One image's kernels, in ELF order (ReadCubin sorts them).
 absl::StatusOr<CubinInfo> ReadImage(absl::string_view cubin);
 
 }  // namespace
@@ -248,12 +249,7 @@ absl::StatusOr<CubinInfo> ReadImage(absl::string_view cubin) {
         "static shared memory is the size of .nv.shared.<kernel>, which here includes the "
         "shared memory the driver reserves (.nv.reservedSmem, 1 KiB on sm_90)");
   }
-  std::stable_sort(info.kernels.begin(), info.kernels.end(),
-                   [](const CubinKernel& a, const CubinKernel& b) {
-                     if (a.entry != b.entry) return a.entry;
-                     return a.name < b.name;
-                   });
-  return info;
+  return info;  // in ELF order: ReadCubin sorts every image's kernels together
 }
 
 }  // namespace
