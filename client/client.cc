@@ -443,30 +443,30 @@ absl::StatusOr<std::shared_ptr<const LoadedKernel>> Client::LoadRequest(
   loaded->response = *resp;
   loaded->context = ctx;
   absl::Status st = [&]() -> absl::Status {
-    auto images = SplitCubinImages((*resp)->cubin());
-    if (!images.ok()) return images.status();
-    for (std::string_view image : *images) {
-      // A copy: an image after the first starts where the one before ends,
-      // 8-byte aligned at best; a std::string is allocated as new aligns.
-      const std::string aligned(image);
-      ci::CUmodule mod = nullptr;
-      if (auto s =
-              ci::CudaStatus(api, api.cuModuleLoadData(&mod, aligned.data()), "cuModuleLoadData");
-          !s.ok()) {
-        return s;
-      }
-      loaded->modules.push_back(mod);
+    // The daemon's loaders (compiler/cuda/cuda_driver.cc) share these two
+    // steps with this one through the templates of cubin_images.h; the
+    // holder and error adapter stay here, written against the client's own
+    // driver table (client/cuda_loader.h: no cuda.h, no daemon library).
+    if (auto s = LoadCubinImages(
+            (*resp)->cubin(),
+            [&](const char* image) {
+              ci::CUmodule mod = nullptr;
+              absl::Status one = ci::CudaStatus(
+                  api, api.cuModuleLoadData(&mod, image),
+                  absl::StrCat("cuModuleLoadData (image ", loaded->modules.size(), ")").c_str());
+              if (one.ok()) loaded->modules.push_back(mod);
+              return one;
+            });
+        !s.ok()) {
+      return s;  // the modules loaded so far are unloaded below
     }
     for (const auto& e : (*resp)->record().entry_points()) {
       // From the first image that defines it; any other driver error stops
       // the search and is reported as the driver gave it.
-      constexpr ci::CUresult kNotFound = 500;  // CUDA_ERROR_NOT_FOUND
       ci::CUfunction fn = nullptr;
-      ci::CUresult rc = kNotFound;
-      for (void* m : loaded->modules) {
-        rc = api.cuModuleGetFunction(&fn, static_cast<ci::CUmodule>(m), e.name().c_str());
-        if (rc != kNotFound) break;
-      }
+      const ci::CUresult rc = FindCubinFunction(loaded->modules, [&](void* m) {
+        return api.cuModuleGetFunction(&fn, static_cast<ci::CUmodule>(m), e.name().c_str());
+      });
       const std::string what = absl::StrCat("cuModuleGetFunction(", e.name(), ") in the cubin's ",
                                             loaded->modules.size(), " image(s)");
       if (auto s = ci::CudaStatus(api, rc, what.c_str()); !s.ok()) return s;

@@ -133,4 +133,47 @@ inline absl::StatusOr<std::string> JoinCubinImages(const std::vector<std::string
   return blob;
 }
 
+// The loaders' two steps, shared by the daemon (compiler/cuda/cuda_driver.cc)
+// and the C++ client (client/client.cc), which call the driver through
+// different tables of entry points: templates over the call, so that neither
+// needs the other's table.
+
+// Calls `load(const char* image)` (returning absl::Status: load one module)
+// for each image of `blob`, in order, until one fails; that failure, or the
+// split's, is the answer. Each image is passed as a copy: an image after the
+// first starts where the one before ends, 8-byte aligned at best, and a
+// std::string is allocated as new aligns. `load` keeps what it loaded, for
+// the caller to unload on every path.
+template <typename LoadImage>
+absl::Status LoadCubinImages(std::string_view blob, LoadImage&& load) {
+  absl::StatusOr<std::vector<std::string_view>> images = SplitCubinImages(blob);
+  if (!images.ok()) return images.status();
+  for (std::string_view image : *images) {
+    const std::string aligned(image);
+    if (absl::Status s = load(aligned.data()); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+// CUDA_ERROR_NOT_FOUND: cuModuleGetFunction's answer for a name that the
+// module does not define.
+inline constexpr int kCudaErrorNotFound = 500;
+
+// An entry point from the first image that defines it: `get(module)` (one
+// cuModuleGetFunction into the caller's CUfunction, returning its CUresult)
+// for each of `modules` in order until one answers other than NOT_FOUND.
+// Returns that answer (success, or the driver's own error, which stops the
+// search), else NOT_FOUND.
+template <typename Module, typename GetFunction>
+auto FindCubinFunction(const std::vector<Module>& modules, GetFunction&& get)
+    -> decltype(get(modules.front())) {
+  using Result = decltype(get(modules.front()));
+  Result rc = static_cast<Result>(kCudaErrorNotFound);
+  for (const Module& m : modules) {
+    rc = get(m);
+    if (static_cast<int>(rc) != kCudaErrorNotFound) break;
+  }
+  return rc;
+}
+
 }  // namespace kcache

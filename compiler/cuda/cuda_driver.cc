@@ -116,6 +116,51 @@ class ScopedContext {
   absl::Status status_;
 };
 
+// The modules of one cubin blob, one per image (compiler/cuda/cubin_images.h),
+// loaded into the current context; every one loaded is unloaded when the
+// holder goes, on every path (declare it after the ScopedContext).
+class CubinModules {
+ public:
+  explicit CubinModules(const CudaDriverApi& api) : api_(api) {}
+  ~CubinModules() {
+    for (CUmodule m : modules_) api_.ModuleUnload(m);
+  }
+  CubinModules(const CubinModules&) = delete;
+  CubinModules& operator=(const CubinModules&) = delete;
+
+  // Loads every image of `blob`, in order; the first failure answers (what
+  // was loaded before it is unloaded with the holder).
+  absl::Status Load(absl::string_view blob) {
+    return LoadCubinImages(std::string_view(blob.data(), blob.size()), [&](const char* image) {
+      CUmodule m = nullptr;
+      absl::Status s = CuStatus(&api_, api_.ModuleLoadData(&m, image),
+                                absl::StrCat("cuModuleLoadData (image ", modules_.size(), ")"));
+      if (s.ok()) modules_.push_back(m);
+      return s;
+    });
+  }
+
+  // `name` from the first image that defines it; the driver's own error for
+  // any answer but NOT_FOUND, which stops the search.
+  absl::StatusOr<CUfunction> Function(const std::string& name) const {
+    CUfunction fn = nullptr;
+    const CUresult rc = FindCubinFunction(
+        modules_, [&](CUmodule m) { return api_.ModuleGetFunction(&fn, m, name.c_str()); });
+    if (absl::Status s =
+            CuStatus(&api_, rc,
+                     absl::StrCat("cuModuleGetFunction(\"", name, "\") in the cubin's ",
+                                  modules_.size(), " image(s)"));
+        !s.ok()) {
+      return s;
+    }
+    return fn;
+  }
+
+ private:
+  const CudaDriverApi& api_;
+  std::vector<CUmodule> modules_;
+};
+
 }  // namespace
 
 std::string ArchForComputeCapability(int major, int minor) {
@@ -257,46 +302,19 @@ absl::StatusOr<VerifyResult> CudaDevices::Verify(int ordinal, absl::string_view 
   if (cubin.empty()) return absl::InvalidArgumentError("cubin: empty");
   if (entries.empty()) return absl::InvalidArgumentError("entries: none to verify");
 
-  absl::StatusOr<std::vector<std::string_view>> images =
-      SplitCubinImages(std::string_view(cubin.data(), cubin.size()));
-  if (!images.ok()) return images.status();
-
   ScopedContext ctx(*api_, dev.primary);
   if (!ctx.status().ok()) return ctx.status();
-  struct Unload {
-    const CudaDriverApi& api;
-    std::vector<CUmodule> modules;
-    ~Unload() {
-      for (CUmodule m : modules) api.ModuleUnload(m);
-    }
-  } loaded{*api_, {}};
-  for (std::string_view image : *images) {
-    // A copy: an image after the first starts where the one before ends,
-    // 8-byte aligned at best; a std::string is allocated as new aligns.
-    const std::string aligned(image);
-    CUmodule module = nullptr;
-    if (absl::Status s =
-            CuStatus(api_.get(), api_->ModuleLoadData(&module, aligned.data()), "cuModuleLoadData");
-        !s.ok()) {
-      return s;
-    }
-    loaded.modules.push_back(module);
-  }
+  CubinModules modules(*api_);
+  if (absl::Status s = modules.Load(cubin); !s.ok()) return s;
 
   VerifyResult result;
   result.device_ordinal = ordinal;
   result.device_name = dev.info.name;
   for (const EntryRequirement& req : entries) {
-    // From the first image that defines it; another error stops the search.
-    CUfunction fn = nullptr;
-    CUresult rc = CUDA_ERROR_NOT_FOUND;
-    for (CUmodule m : loaded.modules) {
-      rc = api_->ModuleGetFunction(&fn, m, req.name.c_str());
-      if (rc != CUDA_ERROR_NOT_FOUND) break;
-    }
-    absl::Status s =
-        CuStatus(api_.get(), rc, absl::StrCat("cuModuleGetFunction(\"", req.name, "\")"));
-    if (!s.ok()) return s;
+    absl::StatusOr<CUfunction> found = modules.Function(req.name);
+    if (!found.ok()) return found.status();
+    CUfunction fn = *found;
+    absl::Status s;
     if (req.dynamic_smem_bytes > 0) {
       s = CuStatus(api_.get(),
                    api_->FuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
@@ -411,12 +429,10 @@ absl::StatusOr<AttentionCheckDiff> CudaDevices::RunAttentionCheck(
   struct Holder {
     const CudaDriverApi& api;
     std::vector<CUdeviceptr> mem;
-    std::vector<CUmodule> modules;
     ~Holder() {
       for (CUdeviceptr p : mem) api.MemFree(p);
-      for (CUmodule m : modules) api.ModuleUnload(m);
     }
-  } hold{api, {}, {}};
+  } hold{api, {}};
   const auto upload = [&](const void* data, size_t bytes) -> absl::StatusOr<CUdeviceptr> {
     CUdeviceptr p = 0;
     absl::Status s = CuStatus(&api, api.MemAlloc(&p, bytes < 16 ? 16 : bytes), "cuMemAlloc");
@@ -430,32 +446,23 @@ absl::StatusOr<AttentionCheckDiff> CudaDevices::RunAttentionCheck(
     if (!s.ok()) return s;
     return p;
   };
-  // `name` from the first image of `blob` that defines it (images loaded in
-  // order until then).
-  const auto function = [&](absl::string_view blob, const std::string& name,
+  // Each blob loaded once, every image; its functions looked up in those.
+  CubinModules kernel_modules(api), reference_modules(api);
+  if (absl::Status s = kernel_modules.Load(cubin); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("kernel cubin: ", s.message()));
+  }
+  if (absl::Status s = reference_modules.Load(reference_cubin); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("reference cubin: ", s.message()));
+  }
+  const auto function = [&](const CubinModules& modules, const std::string& name,
                             int smem) -> absl::StatusOr<CUfunction> {
-    absl::StatusOr<std::vector<std::string_view>> images =
-        SplitCubinImages(std::string_view(blob.data(), blob.size()));
-    if (!images.ok()) return images.status();
-    CUfunction fn = nullptr;
-    CUresult rc = CUDA_ERROR_NOT_FOUND;
-    for (std::string_view image : *images) {
-      const std::string aligned(image);  // as in Verify
-      CUmodule m = nullptr;
-      absl::Status loaded =
-          CuStatus(&api, api.ModuleLoadData(&m, aligned.data()), "cuModuleLoadData");
-      if (!loaded.ok()) return loaded;
-      hold.modules.push_back(m);
-      rc = api.ModuleGetFunction(&fn, m, name.c_str());
-      if (rc != CUDA_ERROR_NOT_FOUND) break;
+    absl::StatusOr<CUfunction> fn = modules.Function(name);
+    if (fn.ok() && smem > 48 * 1024) {
+      absl::Status s = CuStatus(
+          &api, api.FuncSetAttribute(*fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem),
+          absl::StrCat("cuFuncSetAttribute(", name, ", MAX_DYNAMIC_SHARED_SIZE_BYTES=", smem, ")"));
+      if (!s.ok()) return s;
     }
-    absl::Status s = CuStatus(&api, rc, absl::StrCat("cuModuleGetFunction(\"", name, "\")"));
-    if (s.ok() && smem > 48 * 1024) {
-      s = CuStatus(&api,
-                   api.FuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem),
-                   "cuFuncSetAttribute");
-    }
-    if (!s.ok()) return s;
     return fn;
   };
 
@@ -585,11 +592,11 @@ absl::StatusOr<AttentionCheckDiff> CudaDevices::RunAttentionCheck(
     chain(set(p.tile_class, upload(nullptr, static_cast<size_t>(B) * Hq * mt * nt)));
     p.tile_class_stride_m = nt, p.tile_class_stride_h = static_cast<kc_i64>(mt) * nt,
     p.tile_class_stride_b = p.tile_class_stride_h * Hq;
-    auto mb = function(cubin, k.mask_build.name, 0);
+    auto mb = function(kernel_modules, k.mask_build.name, 0);
     if (!mb.ok()) return mb.status();
     chain(launch(*mb, mt, k.mask_build.threads, 0, &p, k.mask_build.name.c_str()));
   }
-  auto fwd = function(cubin, k.forward.name, k.forward.dynamic_smem_bytes);
+  auto fwd = function(kernel_modules, k.forward.name, k.forward.dynamic_smem_bytes);
   if (!fwd.ok()) return fwd.status();
   chain(launch(*fwd, (Lq + k.forward.block_m - 1) / k.forward.block_m, k.forward.threads,
                k.forward.dynamic_smem_bytes, &p, k.forward.name.c_str()));
@@ -603,7 +610,7 @@ absl::StatusOr<AttentionCheckDiff> CudaDevices::RunAttentionCheck(
   kcache::AttentionParams rp = p;
   chain(set(rp.o, upload(nullptr, n_o * 4)));
   chain(set(rp.lse, upload(nullptr, static_cast<size_t>(B) * Hq * Lq * 4)));
-  auto ref = function(reference_cubin, "kcache_attn_ref_fwd", 0);
+  auto ref = function(reference_modules, "kcache_attn_ref_fwd", 0);
   if (!ref.ok()) return ref.status();
   chain(launch(*ref, (Lq + 127) / 128, 128, 0, &rp, "kcache_attn_ref_fwd"));
   if (!s.ok()) return s;
