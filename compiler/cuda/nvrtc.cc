@@ -4,6 +4,7 @@
 
 #include <nvrtc.h>
 
+#include <atomic>
 #include <cctype>
 #include <system_error>
 #include <thread>
@@ -44,9 +45,18 @@ absl::Status NvrtcStatus(nvrtcResult r, const char* (*error_string)(nvrtcResult)
   }
 }
 
+// What the flow callback stops a compile for: its deadline, or its module's
+// cancel flag (CompileUnits: another unit failed).
+struct FlowStop {
+  absl::Time deadline;
+  const std::atomic<bool>* cancel;
+};
+
 int FlowCallback(void* payload, void* /*reserved*/) {
   // Returning 1 asks NVRTC to stop; it then fails with NVRTC_ERROR_CANCELLED.
-  return absl::Now() >= *static_cast<const absl::Time*>(payload) ? 1 : 0;
+  const auto* stop = static_cast<const FlowStop*>(payload);
+  if (stop->cancel != nullptr && stop->cancel->load(std::memory_order_relaxed)) return 1;
+  return absl::Now() >= stop->deadline ? 1 : 0;
 }
 
 bool IsNumber(absl::string_view s) {
@@ -210,7 +220,8 @@ absl::StatusOr<std::string> Nvrtc::LibraryPath() const {
   return LoadedLibraryPath(reinterpret_cast<void*>((*api)->Version), "NVRTC");
 }
 
-absl::StatusOr<CompileOutput> Nvrtc::Compile(const CompileInput& input, absl::Time deadline) const {
+absl::StatusOr<CompileOutput> Nvrtc::Compile(const CompileInput& input, absl::Time deadline,
+                                             const std::atomic<bool>* cancel) const {
   if (input.raw.has_value()) {
     return absl::UnimplementedError(
         "raw kernels compile only in kcache-compile-worker (compiler/worker/raw_compile.h), not "
@@ -253,9 +264,9 @@ absl::StatusOr<CompileOutput> Nvrtc::Compile(const CompileInput& input, absl::Ti
     ~Destroy() { api.DestroyProgram(prog); }
   } destroy{api, &prog};
 
-  absl::Time deadline_copy = deadline;  // outlives the compile call below
-  if (deadline != absl::InfiniteFuture()) {
-    s = NvrtcStatus(api.SetFlowCallback(prog, &FlowCallback, &deadline_copy), api.GetErrorString,
+  FlowStop stop{deadline, cancel};  // outlives the compile call below
+  if (deadline != absl::InfiniteFuture() || cancel != nullptr) {
+    s = NvrtcStatus(api.SetFlowCallback(prog, &FlowCallback, &stop), api.GetErrorString,
                     "nvrtcSetFlowCallback");
     if (!s.ok()) return s;
   }
@@ -271,6 +282,11 @@ absl::StatusOr<CompileOutput> Nvrtc::Compile(const CompileInput& input, absl::Ti
   CompileOutput out;
   out.log = ReadCudaLog([&](size_t* n) { return api.GetProgramLogSize(prog, n) == NVRTC_SUCCESS; },
                         [&](char* log) { return api.GetProgramLog(prog, log) == NVRTC_SUCCESS; });
+  if (compiled == NVRTC_ERROR_CANCELLED && cancel != nullptr && cancel->load() &&
+      absl::Now() < deadline) {
+    return absl::CancelledError(absl::StrCat("NVRTC compile of ", name, " for ", input.arch,
+                                             ": cancelled: another unit of the module failed"));
+  }
   if (compiled != NVRTC_SUCCESS) {
     return NvrtcStatus(compiled, api.GetErrorString,
                        absl::StrCat("NVRTC compile of ", name, " for ", input.arch), out.log);
@@ -288,8 +304,18 @@ absl::StatusOr<CompileOutput> Nvrtc::Compile(const CompileInput& input, absl::Ti
 
 absl::StatusOr<CompileOutput> CompileUnits(const Nvrtc& nvrtc, const CompileInput& input,
                                            absl::Time deadline) {
+  return CompileUnits(
+      [&nvrtc](const CompileInput& unit, absl::Time unit_deadline,
+               const std::atomic<bool>* cancel) {
+        return nvrtc.Compile(unit, unit_deadline, cancel);
+      },
+      input, deadline);
+}
+
+absl::StatusOr<CompileOutput> CompileUnits(const UnitCompile& compile, const CompileInput& input,
+                                           absl::Time deadline) {
   if (input.more_units.empty()) {
-    absl::StatusOr<CompileOutput> out = nvrtc.Compile(input, deadline);
+    absl::StatusOr<CompileOutput> out = compile(input, deadline, nullptr);
     if (out.ok()) {
       if (absl::Status s = CheckCubinImage(out->cubin, "NVRTC's cubin"); !s.ok()) return s;
     }
@@ -308,23 +334,45 @@ absl::StatusOr<CompileOutput> CompileUnits(const Nvrtc& nvrtc, const CompileInpu
     u.extra_options = input.extra_options;
   }
   std::vector<absl::StatusOr<CompileOutput>> outs(n, absl::UnknownError("not compiled"));
+  // Set by the first unit that fails (for itself: never by a cancelled one):
+  // the others stop at NVRTC's next poll of the flow callback, or do not
+  // start, and answer Cancelled. The module fails either way; their time
+  // would be wasted.
+  std::atomic<bool> cancel{false};
+  const auto compile_unit = [&](size_t i) {
+    if (cancel.load()) {
+      outs[i] = absl::CancelledError(
+          absl::StrCat(units[i].program_name, ": not compiled: another unit of the module failed"));
+      return;
+    }
+    outs[i] = compile(units[i], deadline, &cancel);
+    if (!outs[i].ok() && outs[i].status().code() != absl::StatusCode::kCancelled)
+      cancel.store(true);
+  };
   {
     std::vector<std::thread> threads;
     threads.reserve(n - 1);
     for (size_t i = 1; i < n; ++i) {
       try {
-        threads.emplace_back([&, i] { outs[i] = nvrtc.Compile(units[i], deadline); });
+        threads.emplace_back(compile_unit, i);
       } catch (const std::system_error&) {
-        outs[i] = nvrtc.Compile(units[i], deadline);  // no thread to be had: here, in turn
+        compile_unit(i);  // no thread to be had: here, in turn
       }
     }
-    outs[0] = nvrtc.Compile(units[0], deadline);
+    compile_unit(0);
     for (std::thread& t : threads) t.join();
+  }
+  // The first unit, in order, that failed for itself answers (its message
+  // names the unit's program); a unit cancelled because of it does not.
+  for (size_t i = 0; i < n; ++i) {
+    if (!outs[i].ok() && outs[i].status().code() != absl::StatusCode::kCancelled) {
+      return outs[i].status();
+    }
   }
   CompileOutput out;
   std::vector<std::string> images;
   for (size_t i = 0; i < n; ++i) {
-    if (!outs[i].ok()) return outs[i].status();  // its message names the unit's program
+    if (!outs[i].ok()) return outs[i].status();  // only cancellations are left: none is expected
     absl::StrAppend(&out.log, "unit ", i, ":\n", outs[i]->log);
     for (KernelReport& k : outs[i]->kernels) out.kernels.push_back(std::move(k));
     images.push_back(std::move(outs[i]->cubin));

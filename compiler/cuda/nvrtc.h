@@ -14,6 +14,8 @@
 // explicitly, where a reviewer can see it.
 #pragma once
 
+#include <atomic>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -70,9 +72,13 @@ class Nvrtc {
   // the error codes.
   // The deadline is enforced through nvrtcSetFlowCallback (NVRTC polls it,
   // so cancellation is prompt in the front end, coarser inside ptxas); an
-  // InfiniteFuture deadline installs no callback.
+  // InfiniteFuture deadline and no `cancel` install no callback. `cancel`
+  // (may be null; CompileUnits' flag) stops the compile the same way once it
+  // is true: Cancelled, unless the deadline has passed too
+  // (DeadlineExceeded).
   absl::StatusOr<CompileOutput> Compile(const CompileInput& input,
-                                        absl::Time deadline = absl::InfiniteFuture()) const;
+                                        absl::Time deadline = absl::InfiniteFuture(),
+                                        const std::atomic<bool>* cancel = nullptr) const;
 
  private:
   struct Api;  // resolved function pointers
@@ -88,9 +94,21 @@ class Nvrtc {
 // of a backward module take about the longest unit's wall time, not the
 // sum), and the output's cubin their images joined (JoinCubinImages). Its log
 // has each unit's log under a "unit N:" line; its kernels are every unit's;
-// its wall_time is the whole. Errors as Compiler::Compile; the first failing
-// unit, in order, answers for the compile (its message names the unit).
+// its wall_time is the whole. Errors as Compiler::Compile. The first unit
+// to fail cancels the others (NVRTC's flow callback; a unit not yet started
+// is not started): they answer Cancelled, and the first unit, in order, that
+// failed for itself answers for the compile (its message names the unit).
 absl::StatusOr<CompileOutput> CompileUnits(const Nvrtc& nvrtc, const CompileInput& input,
+                                           absl::Time deadline);
+
+// One unit's compile as CompileUnits calls it: Nvrtc::Compile, or a test's
+// stand-in. `cancel` is null for a module of one unit.
+using UnitCompile = std::function<absl::StatusOr<CompileOutput>(
+    const CompileInput& unit, absl::Time deadline, const std::atomic<bool>* cancel)>;
+
+// CompileUnits with `compile` for each unit (the one above passes
+// nvrtc.Compile); for tests of the threads and the cancellation.
+absl::StatusOr<CompileOutput> CompileUnits(const UnitCompile& compile, const CompileInput& input,
                                            absl::Time deadline);
 
 // Compiles in the calling process. Cheap, but an NVRTC crash or hang takes

@@ -2,12 +2,15 @@
 // reports, errors, and a missing library.
 #include "compiler/cuda/nvrtc.h"
 
+#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <string_view>
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "compiler/cuda/cubin_images.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -176,6 +179,89 @@ TEST(CompileUnitsTest, FailingUnitAnswersAndIsNamed) {
   EXPECT_THAT(out.status().message(), HasSubstr("undeclared_thing"));
   EXPECT_EQ(CompileUnits(nvrtc, in, absl::InfinitePast()).status().code(),
             absl::StatusCode::kDeadlineExceeded);
+}
+
+// A kernel that keeps NVRTC busy for a while (a long unrolled loop), so that
+// a sibling unit's failure usually comes while it compiles.
+std::string SlowKernelSource() {
+  return "extern \"C\" __global__ void kc_slow(float* x) {\n"
+         "  float a = x[threadIdx.x];\n"
+         "#pragma unroll\n"
+         "  for (int i = 0; i < 4000; ++i) a = a * 1.0001f + __sinf(a + i);\n"
+         "  x[threadIdx.x] = a;\n"
+         "}\n";
+}
+
+// The cancel flag reaches NVRTC through the flow callback: a compile whose
+// flag is already set stops, Cancelled (not DeadlineExceeded).
+TEST(NvrtcTest, CancelFlagStopsTheCompile) {
+  Nvrtc nvrtc;
+  CompileInput in = Tiny("sm_90a");
+  in.source = SlowKernelSource();
+  std::atomic<bool> cancel{true};
+  absl::StatusOr<CompileOutput> out = nvrtc.Compile(in, absl::InfiniteFuture(), &cancel);
+  EXPECT_EQ(out.status().code(), absl::StatusCode::kCancelled) << out.status();
+  EXPECT_THAT(out.status().message(), HasSubstr("another unit of the module failed"));
+  cancel = false;
+  EXPECT_TRUE(nvrtc.Compile(Tiny("sm_90a"), absl::InfiniteFuture(), &cancel).ok());
+}
+
+// The second unit fails while the first still compiles: the first is
+// cancelled, and the failure, not the cancellation, answers.
+TEST(CompileUnitsTest, AFailingUnitAnswersNotTheUnitItCancelled) {
+  Nvrtc nvrtc;
+  CompileInput in = Tiny("sm_90a");
+  in.program_name = "module.cu";
+  in.source = SlowKernelSource();
+  in.more_units = {"extern \"C\" __global__ void k(float* x) { x[0] = undeclared_thing; }\n"};
+  absl::StatusOr<CompileOutput> out = CompileUnits(nvrtc, in, absl::InfiniteFuture());
+  ASSERT_EQ(out.status().code(), absl::StatusCode::kFailedPrecondition) << out.status();
+  EXPECT_THAT(out.status().message(), HasSubstr("module.cu (unit 1)"));
+  EXPECT_THAT(out.status().message(), HasSubstr("undeclared_thing"));
+}
+
+// Units compiled by a stand-in: a good unit runs until the flag tells it to
+// stop (bounded, so that a missing cancellation fails rather than hangs), a
+// bad one fails at once. Records which units saw the flag.
+struct FakeUnits {
+  std::atomic<int> cancelled{0};
+  std::atomic<int> compiled{0};
+  UnitCompile compile() {
+    return [this](const CompileInput& unit, absl::Time,
+                  const std::atomic<bool>* cancel) -> absl::StatusOr<CompileOutput> {
+      ++compiled;
+      if (unit.source == "bad") {
+        return absl::FailedPreconditionError(absl::StrCat(unit.program_name, " is bad"));
+      }
+      const absl::Time give_up = absl::Now() + absl::Minutes(2);
+      while (cancel != nullptr && absl::Now() < give_up) {
+        if (cancel->load()) {
+          ++cancelled;
+          return absl::CancelledError(absl::StrCat(unit.program_name, " cancelled"));
+        }
+        absl::SleepFor(absl::Milliseconds(1));
+      }
+      return absl::InternalError(absl::StrCat(unit.program_name, " was never cancelled"));
+    };
+  }
+};
+
+TEST(CompileUnitsTest, TheFirstFailureCancelsTheOtherUnit) {
+  for (const bool bad_first : {false, true}) {
+    SCOPED_TRACE(bad_first ? "unit 0 fails" : "unit 1 fails");
+    FakeUnits fake;
+    CompileInput in = Tiny("sm_90a");
+    in.program_name = "module.cu";
+    in.source = bad_first ? "bad" : "good";
+    in.more_units = {bad_first ? "good" : "bad"};
+    absl::StatusOr<CompileOutput> out = CompileUnits(fake.compile(), in, absl::InfiniteFuture());
+    EXPECT_EQ(out.status().code(), absl::StatusCode::kFailedPrecondition) << out.status();
+    EXPECT_THAT(out.status().message(),
+                HasSubstr(bad_first ? "module.cu (unit 0) is bad" : "module.cu (unit 1) is bad"));
+    // The good unit saw the flag, or (unit 0 failing on this thread before
+    // unit 1's thread started) was not started at all.
+    EXPECT_EQ(fake.cancelled + (2 - fake.compiled), 1);
+  }
 }
 
 TEST(CompileUnitsTest, NvrtcCompileRefusesSeveralUnits) {
