@@ -104,14 +104,18 @@ absl::StatusOr<CubinInfo> ReadCubin(absl::string_view cubin) {
     } else if (one->arch != all.arch) {
       all.notes.push_back(absl::StrCat("image ", i, " is for ", one->arch, ", not ", all.arch));
     }
-    for (CubinKernel& k : one->kernels) all.kernels.push_back(std::move(k));
+    for (CubinKernel& k : one->kernels) {
+      k.image = static_cast<int>(i);
+      all.kernels.push_back(std::move(k));
+    }
     for (std::string& n : one->notes) {  // once, whichever images say it
       if (std::find(all.notes.begin(), all.notes.end(), n) == all.notes.end()) {
         all.notes.push_back(std::move(n));
       }
     }
   }
-  std::stable_sort(all.kernels.begin(), all.kernels.end(),
+  all.images = static_cast<int>(images->size());
+  std::stable_sort(all.kernels.begin(), all.kernels.end(),  // stable: image order kept
                    [](const CubinKernel& a, const CubinKernel& b) {
                      return a.entry != b.entry ? a.entry : a.name < b.name;
                    });

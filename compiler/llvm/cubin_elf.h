@@ -28,13 +28,18 @@ struct CubinKernel {
   int64_t max_stack_bytes = -1;  // EIATTR_MAX_STACK_SIZE
   int64_t param_bytes = -1;      // EIATTR_CBANK_PARAM_SIZE
   int64_t max_threads = -1;      // EIATTR_MAX_THREADS (x*y*z), when declared
+  // Which image of the cubin it is in (0 for a cubin of one image): a
+  // device function both images define is listed once for each.
+  int image = 0;
 };
 
 struct CubinInfo {
   // "sm_80", "sm_90a": from e_flags, with the suffix from ptxas's command
   // line (.note.nv.tkinfo) where the header does not carry it.
   std::string arch;
-  std::vector<CubinKernel> kernels;  // entries first, then device functions; by name
+  // Entries first, then device functions; by name, then image.
+  std::vector<CubinKernel> kernels;
+  int images = 0;  // how many ELF images the cubin holds
   // What could not be read (unknown attribute formats, truncated sections).
   std::vector<std::string> notes;
 };

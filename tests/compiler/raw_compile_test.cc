@@ -7,6 +7,7 @@
 #include <tuple>
 
 #include "absl/strings/str_cat.h"
+#include "compiler/cuda/cubin_images.h"
 #include "compiler/cuda/nvjitlink.h"
 #include "compiler/cuda/nvrtc.h"
 #include "compiler/llvm/cubin_elf.h"
@@ -373,6 +374,15 @@ TEST(CubinElf, ReadsEveryImage) {
     if (k.entry) names.push_back(k.name);
   }
   EXPECT_THAT(names, ::testing::ElementsAre("kc_first", "kc_second"));
+  EXPECT_EQ(info->images, 2);
+  for (const CubinKernel& k : info->kernels) {
+    if (k.entry) EXPECT_EQ(k.image, k.name == "kc_first" ? 0 : 1) << k.name;
+  }
+  auto images = SplitCubinImages(out->cubin);
+  ASSERT_TRUE(images.ok()) << images.status();
+  auto one = ReadCubin(std::string(images->front()));
+  ASSERT_TRUE(one.ok()) << one.status();
+  EXPECT_EQ(one->images, 1);
   // A damaged second image is named.
   auto bad = ReadCubin(out->cubin.substr(0, out->cubin.size() - 8));
   EXPECT_THAT(bad.status(), StatusIs(absl::StatusCode::kInvalidArgument));

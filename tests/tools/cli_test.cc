@@ -13,6 +13,7 @@
 #include "absl/time/clock.h"
 #include "cache/key.h"
 #include "cache/store.h"
+#include "compiler/cuda/nvrtc.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "rocksdb/db.h"
@@ -231,6 +232,65 @@ TEST_F(StoreCli, ShowTakesAUniquePrefix) {
   CliRun none = Do({"show", "02"});
   EXPECT_EQ(none.code, 1) << Show(none);
 }
+
+#ifdef KCACHE_TEST_WITH_LLVM
+// `kcache show` reads the cubin's own kernels from its ELF. A cubin of two
+// images (an attention module with backward) whose images both define a
+// device function lists it once per image, and an IMAGE column says which;
+// a cubin of one image has no such column.
+TEST(ShowCli, SaysWhichImageEachKernelOfASeveralImageCubinIsIn) {
+  const std::string shared =
+      "__device__ __noinline__ float kc_twice(float x) { return x * x + 1.0f; }\n";
+  const auto kernel = [&](const std::string& name) {
+    return shared + "extern \"C\" __global__ void " + name +
+           "(float* x) { x[threadIdx.x] = kc_twice(x[threadIdx.x]); }\n";
+  };
+  CompileInput in;
+  in.arch = "sm_90a";
+  in.source = kernel("kc_fwd");
+  in.more_units = {kernel("kc_bwd")};
+  Nvrtc nvrtc;
+  absl::StatusOr<CompileOutput> two = CompileUnits(nvrtc, in, absl::InfiniteFuture());
+  ASSERT_TRUE(two.ok()) << two.status();
+  in.more_units.clear();
+  absl::StatusOr<CompileOutput> one = CompileUnits(nvrtc, in, absl::InfiniteFuture());
+  ASSERT_TRUE(one.ok()) << one.status();
+
+  TempDir dir;
+  const std::string store = dir.Sub("store");
+  v1::KernelRecord rec_two = MakeRecord(1), rec_one = MakeRecord(2);
+  {
+    auto s = Store::Open(store, StoreOptions{});
+    ASSERT_TRUE(s.ok()) << s.status();
+    ASSERT_TRUE((*s)->Publish(rec_two, two->cubin).ok());
+    ASSERT_TRUE((*s)->Publish(rec_one, one->cubin).ok());
+    ASSERT_TRUE((*s)->Close().ok());
+  }
+  CliRun r = Kcache({"--store", store, "show", KeyToHex(rec_two.key())});
+  ASSERT_EQ(r.code, 0) << Show(r);
+  EXPECT_THAT(r.out, HasSubstr("cubin kernels (from the ELF, sm_90a, 2 images)"));
+  EXPECT_THAT(r.out, ::testing::ContainsRegex("NAME +IMAGE +KIND"));
+  EXPECT_THAT(r.out, ::testing::ContainsRegex("kc_fwd +0 +kernel "));
+  EXPECT_THAT(r.out, ::testing::ContainsRegex("kc_bwd +1 +kernel "));
+  EXPECT_THAT(r.out, ::testing::ContainsRegex("kc_twice[^ ]* +0 +device fn "));
+  EXPECT_THAT(r.out, ::testing::ContainsRegex("kc_twice[^ ]* +1 +device fn "));
+  CliRun j = Kcache({"--store", store, "--json", "show", KeyToHex(rec_two.key())});
+  ASSERT_EQ(j.code, 0) << Show(j);
+  const json shown = json::parse(j.out);
+  std::vector<std::pair<std::string, int>> listed;
+  for (const auto& k : shown["cubin_kernels"]) {
+    listed.emplace_back(k["name"].get<std::string>(), k["image"].get<int>());
+  }
+  EXPECT_THAT(listed, ::testing::IsSupersetOf({std::pair<std::string, int>{"kc_fwd", 0},
+                                               std::pair<std::string, int>{"kc_bwd", 1}}));
+
+  CliRun single = Kcache({"--store", store, "show", KeyToHex(rec_one.key())});
+  ASSERT_EQ(single.code, 0) << Show(single);
+  EXPECT_THAT(single.out, HasSubstr("cubin kernels (from the ELF, sm_90a):"));
+  EXPECT_THAT(single.out, Not(HasSubstr("IMAGE")));
+  EXPECT_THAT(single.out, ::testing::ContainsRegex("kc_fwd +kernel "));
+}
+#endif
 
 TEST_F(StoreCli, StatusShowsEntriesPerToolchain) {
   CliRun r = Do({"--json", "status"});

@@ -53,13 +53,28 @@ void PrintCubinKernels(Admin& admin, const std::string& key, std::ostream& o) {
     o << "\ncubin kernels: " << info.status().message() << "\n";
     return;
   }
-  o << "\ncubin kernels (from the ELF, " << info->arch << "):\n";
+  // A cubin of several images (an attention module with backward) lists each
+  // image's kernels, so a device function two images define is two rows: an
+  // IMAGE column says which is which.
+  const bool several = info->images > 1;
+  o << "\ncubin kernels (from the ELF, " << info->arch
+    << (several ? absl::StrCat(", ", info->images, " images") : std::string()) << "):\n";
   auto num = [](int64_t v) { return v < 0 ? std::string("?") : absl::StrCat(v); };
-  Table t({"  NAME", "KIND", "REGS", "STATIC SMEM", "FRAME", "PARAMS", "CODE"},
-          {false, false, true, true, true, true, true});
+  std::vector<std::string> header = {"  NAME", "KIND",   "REGS", "STATIC SMEM",
+                                     "FRAME",  "PARAMS", "CODE"};
+  std::vector<bool> right = {false, false, true, true, true, true, true};
+  if (several) {
+    header.insert(header.begin() + 1, "IMAGE");
+    right.insert(right.begin() + 1, true);
+  }
+  Table t(header, right);
   for (const CubinKernel& k : info->kernels) {
-    t.Add({"  " + k.name, k.entry ? "kernel" : "device fn", num(k.registers),
-           num(k.static_smem_bytes), num(k.frame_bytes), num(k.param_bytes), num(k.code_bytes)});
+    std::vector<std::string> row = {"  " + k.name,      k.entry ? "kernel" : "device fn",
+                                    num(k.registers),   num(k.static_smem_bytes),
+                                    num(k.frame_bytes), num(k.param_bytes),
+                                    num(k.code_bytes)};
+    if (several) row.insert(row.begin() + 1, absl::StrCat(k.image));
+    t.Add(row);
   }
   t.Print(o);
   for (const std::string& n : info->notes) o << "  note: " << n << "\n";
@@ -150,6 +165,7 @@ int ShowCommand(CommandContext& c) {
         json ks = json::array();
         for (const CubinKernel& k : info->kernels) {
           ks.push_back({{"name", k.name},
+                        {"image", k.image},
                         {"entry", k.entry},
                         {"registers", k.registers},
                         {"static_smem_bytes", k.static_smem_bytes},
