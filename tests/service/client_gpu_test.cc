@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <random>
 
 #include "client/client.h"
@@ -246,47 +247,56 @@ class ClientGpuTest : public ::testing::Test {
     if (c.bottom_right && c.q_len > c.kv_len) EXPECT_GT(masked_rows, 0);
   }
 
+  // A real kcached (verifying on the GPU, not compile-only) in a fresh
+  // directory, and client_, a client of it. Call with ASSERT_NO_FATAL_FAILURE.
+  void StartDaemonAndClient() {
+    daemon_ = std::make_unique<DaemonProcess>(dir_.path(),
+                                              std::vector<std::string>{"--compile_only=false"});
+    ASSERT_NO_FATAL_FAILURE(daemon_->Start());
+    options_.target = daemon_->target();
+    client_ = NewClient();
+    ASSERT_NE(client_, nullptr);
+  }
+  // Another client of the daemon (another trainer process).
+  std::unique_ptr<Client> NewClient() {
+    auto client = Client::Create(options_);
+    EXPECT_TRUE(client.ok()) << client.status();
+    return client.ok() ? *std::move(client) : nullptr;
+  }
+
   const Cuda* cuda_ = nullptr;
   void* ctx_ = nullptr;
+  TempDir dir_;
+  std::unique_ptr<DaemonProcess> daemon_;  // outlives the clients
+  ClientOptions options_;
+  std::unique_ptr<Client> client_;
 };
 
 TEST_F(ClientGpuTest, DaemonCompilesAndVerifiesClientLoadsAndKernelIsCorrect) {
-  TempDir dir;
-  DaemonProcess d(dir.path(), {"--compile_only=false"});
-  ASSERT_NO_FATAL_FAILURE(d.Start());
-  ClientOptions o;
-  o.target = d.target();
-  auto client = Client::Create(o);
-  ASSERT_TRUE(client.ok());
-  ASSERT_NO_FATAL_FAILURE(RunCase(**client, {2, 8, 2, 333, 333, 128, false}, false));
-  ASSERT_NO_FATAL_FAILURE(RunCase(**client, {1, 4, 4, 300, 200, 64, true}, false));
+  ASSERT_NO_FATAL_FAILURE(StartDaemonAndClient());
+  ASSERT_NO_FATAL_FAILURE(RunCase(*client_, {2, 8, 2, 333, 333, 128, false}, false));
+  ASSERT_NO_FATAL_FAILURE(RunCase(*client_, {1, 4, 4, 300, 200, 64, true}, false));
   // The same spec again: memoized in the client, no RPC, same module.
-  uint64_t rpcs = (*client)->rpc_count();
-  ASSERT_NO_FATAL_FAILURE(RunCase(**client, {2, 8, 2, 200, 256, 128, false}, false));
-  EXPECT_EQ((*client)->rpc_count(), rpcs);
+  uint64_t rpcs = client_->rpc_count();
+  ASSERT_NO_FATAL_FAILURE(RunCase(*client_, {2, 8, 2, 200, 256, 128, false}, false));
+  EXPECT_EQ(client_->rpc_count(), rpcs);
   // A fresh client (another trainer process) gets a cache hit.
-  auto second = Client::Create(o);
-  ASSERT_TRUE(second.ok());
-  ASSERT_NO_FATAL_FAILURE(RunCase(**second, {1, 8, 2, 129, 129, 128, false}, true));
-  v1::StatsResponse stats = d.Stats();
+  std::unique_ptr<Client> second = NewClient();
+  ASSERT_NE(second, nullptr);
+  ASSERT_NO_FATAL_FAILURE(RunCase(*second, {1, 8, 2, 129, 129, 128, false}, true));
+  v1::StatsResponse stats = daemon_->Stats();
   EXPECT_FALSE(stats.compile_only());
   EXPECT_EQ(stats.compiles(), 2u);
   ASSERT_GE(stats.devices_size(), 1);
   std::printf("daemon devices: %s\n", stats.devices(0).c_str());
-  EXPECT_EQ(d.Stop(SIGTERM), 0);
+  EXPECT_EQ(daemon_->Stop(SIGTERM), 0);
 }
 
 // A spec with backward: its cubin is two images (the forward's kernels, the
 // backward's; docs/kernel-contract.md), which the client loads as two modules,
 // every entry point from the image that defines it.
 TEST_F(ClientGpuTest, BackwardModuleLoadsAsTwoModulesWithEveryEntryPoint) {
-  TempDir dir;
-  DaemonProcess d(dir.path(), {"--compile_only=false"});
-  ASSERT_NO_FATAL_FAILURE(d.Start());
-  ClientOptions o;
-  o.target = d.target();
-  auto client = Client::Create(o);
-  ASSERT_TRUE(client.ok());
+  ASSERT_NO_FATAL_FAILURE(StartDaemonAndClient());
   v1::AttentionSpec spec;
   spec.set_dtype(v1::DTYPE_BF16);
   spec.set_head_dim_qk(128);
@@ -294,7 +304,7 @@ TEST_F(ClientGpuTest, BackwardModuleLoadsAsTwoModulesWithEveryEntryPoint) {
   spec.set_num_kv_heads(2);
   spec.set_backward(true);
   spec.mutable_mask()->mutable_causal();
-  auto loaded = client->get()->Load(spec);
+  auto loaded = client_->Load(spec);
   ASSERT_TRUE(loaded.ok()) << loaded.status();
   const v1::KernelRecord& rec = (*loaded)->response->record();
   EXPECT_TRUE(rec.verified());
@@ -307,10 +317,10 @@ TEST_F(ClientGpuTest, BackwardModuleLoadsAsTwoModulesWithEveryEntryPoint) {
             (*loaded)->Function(v1::ENTRY_ROLE_BACKWARD));
   // Forward only: one image, one module.
   spec.set_backward(false);
-  auto forward = client->get()->Load(spec);
+  auto forward = client_->Load(spec);
   ASSERT_TRUE(forward.ok()) << forward.status();
   EXPECT_EQ((*forward)->modules.size(), 1u);
-  EXPECT_EQ(d.Stop(SIGTERM), 0);
+  EXPECT_EQ(daemon_->Stop(SIGTERM), 0);
 }
 
 }  // namespace
