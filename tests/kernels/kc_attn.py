@@ -643,14 +643,9 @@ class Kernel:
         torch.zeros(1, device="cuda")  # makes the primary context current
         cu = _lib_cuda()
         self.spec = spec
-        from kcache.cuda import cubin_images
-        self.modules = []
-        for image in cubin_images(cubin):  # one module per image, as the clients load them
-            m = ctypes.c_void_p()
-            _check(cu.cuModuleLoadData(ctypes.byref(m), ctypes.create_string_buffer(
-                image, len(image))), "cuModuleLoadData")
-            self.modules.append(m)
-        self.fwd = self._function(cu, "kcache_attn_fwd")
+        from kcache.cuda import load_images
+        self.modules = load_images(cubin)  # one module per image, as the clients load them
+        self.fwd = self._function("kcache_attn_fwd")
         bm, bn, nw, st = spec["tiles"]
         self.block_m, self.block_n, self.threads = bm, bn, nw * 32
         self.smem = smem_bytes(bm, bn, st, spec["dqk"], spec["dv"])
@@ -661,7 +656,7 @@ class Kernel:
         # The forward's classes serve the backward (prepare_backward(classes=...)).
         self.shares_classes = False
         if spec["mask"] == "expr":
-            self.mask_build = self._function(cu, "kcache_attn_mask_build")
+            self.mask_build = self._function("kcache_attn_mask_build")
         self.bwd = {}
         if spec.get("backward"):
             bbm, bbn, bnw = spec["bwd_tiles"]
@@ -677,7 +672,7 @@ class Kernel:
             if spec["mask"] == "expr":
                 names.append("kcache_attn_bwd_mask_build")
             for name in names:
-                self.bwd[name] = self._function(cu, name)
+                self.bwd[name] = self._function(name)
             for name, smem in (("kcache_attn_bwd_dkdv", self.smem_dkdv),
                                ("kcache_attn_bwd_dq", self.smem_dq)):
                 if name in self.bwd and smem > 48 * 1024:
@@ -685,13 +680,10 @@ class Kernel:
                         self.bwd[name], CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem),
                         "cuFuncSetAttribute(%s, %d)" % (name, smem))
 
-    def _function(self, cu, name):
-        """The entry point from the first image that defines it."""
-        fn = ctypes.c_void_p()
-        for m in self.modules:
-            if cu.cuModuleGetFunction(ctypes.byref(fn), m, name.encode()) == 0:
-                return fn
-        raise RuntimeError("cuModuleGetFunction(%s): no image of the cubin defines it" % name)
+    def _function(self, name):
+        """The entry point from the first image that defines it (the client's search)."""
+        from kcache.cuda import find_function
+        return ctypes.c_void_p(find_function(self.modules, name))
 
     def _launch(self, func, grid, threads, smem, params):
         import torch

@@ -264,25 +264,48 @@ def load_raw(result: KernelResult, context: int) -> LoadedKernel:
     return _load(result, context, attention=False)
 
 
-def _load(result: KernelResult, context: int, attention: bool) -> LoadedKernel:
+def load_images(cubin: bytes) -> List[int]:
+    """One module per image of `cubin` (cubin_images), loaded in order into the context current
+    on this thread; the caller unloads them. On a failure those loaded so far are unloaded and
+    the driver's error is raised (CudaError)."""
     cu = lib()
     modules: List[int] = []
     try:
-        for blob in cubin_images(result.cubin):
+        for blob in cubin_images(cubin):
             # The image must stay valid only for the call; the driver copies it.
             image = ctypes.create_string_buffer(blob, len(blob))
             mod = _vp()
-            check(cu.cuModuleLoadData(ctypes.byref(mod), image), "cuModuleLoadData")
+            check(cu.cuModuleLoadData(ctypes.byref(mod), image),
+                  "cuModuleLoadData (image %d)" % len(modules))
             modules.append(cast(int, mod.value))
+    except BaseException:
+        for m in modules:
+            cu.cuModuleUnload(_vp(m))
+        raise
+    return modules
+
+
+def find_function(modules: List[int], name: str) -> int:
+    """`name` from the first of `modules` (load_images) that defines it. Any driver answer but
+    CUDA_ERROR_NOT_FOUND stops the search and is raised as the driver gave it (CudaError)."""
+    cu = lib()
+    fn = _vp()
+    r = CUDA_ERROR_NOT_FOUND
+    for m in modules:
+        r = cu.cuModuleGetFunction(ctypes.byref(fn), _vp(m), name.encode())
+        if r != CUDA_ERROR_NOT_FOUND:
+            break
+    check(r, "cuModuleGetFunction(%s) in the cubin's %d image(s)" % (name, len(modules)))
+    return cast(int, fn.value)
+
+
+def _load(result: KernelResult, context: int, attention: bool) -> LoadedKernel:
+    cu = lib()
+    modules = load_images(result.cubin)
+    try:
         functions: Dict[str, int] = {}
         for e in result.record.entry_points:
-            fn = _vp()
-            r = CUDA_ERROR_NOT_FOUND
-            for m in modules:  # the first image that defines it
-                r = cu.cuModuleGetFunction(ctypes.byref(fn), _vp(m), e.name.encode())
-                if r != CUDA_ERROR_NOT_FOUND:
-                    break
-            check(r, "cuModuleGetFunction(%s) in the cubin's %d image(s)" % (e.name, len(modules)))
+            fn = find_function(modules, e.name)
             if e.dynamic_smem_bytes > 48 * 1024:
                 check(cu.cuFuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                                             e.dynamic_smem_bytes),
@@ -290,7 +313,7 @@ def _load(result: KernelResult, context: int, attention: bool) -> LoadedKernel:
                       % e.dynamic_smem_bytes)
             if attention:
                 _check_param_size(cu, fn, e.name)
-            functions[e.name] = cast(int, fn.value)
+            functions[e.name] = fn
     except BaseException:
         for m in modules:
             cu.cuModuleUnload(_vp(m))
