@@ -185,6 +185,13 @@ def hexfloat(x):
     return float.hex(x) + "f"
 
 
+def _env_defines():
+    """KC_EXTRA_DEFINES="NAME=V,NAME2=V2": defines added to every spec, for a kernel experiment
+    run through the whole suites."""
+    items = os.environ.get("KC_EXTRA_DEFINES", "")
+    return tuple(tuple(x.split("=", 1)) for x in items.split(",") if x)
+
+
 def make_spec(dtype="bf16", dqk=128, dv=None, mask="none", score="none", *, bottom_right=False,
               window=(-1, 0), doc_causal=False, drafter_block=16, drafter_causal=False,
               drafter_window=0, softcap=0.0, scale=None, return_lse=True, tiles=None, arch=90,
@@ -202,7 +209,7 @@ def make_spec(dtype="bf16", dqk=128, dv=None, mask="none", score="none", *, bott
                 tiles=(tuple(tiles) if tiles else select_tiles(arch, dqk, dv, sm90a)
                        or (0, 0, 0, 0)),
                 expr_mask_code=expr_mask_code, expr_score_code=expr_score_code,
-                extra_defines=tuple(extra_defines))
+                extra_defines=tuple(extra_defines) + _env_defines())
     if backward:
         # Only backward specs carry these keys, so that forward specs (and their cache
         # keys) are what they were.
