@@ -539,10 +539,12 @@ __device__ __forceinline__ int imax(int a, int b) { return a > b ? a : b; }
 // spread over the rest by anchor), its prefix sums, the blocks scattered by
 // bucket (shared atomics), then each kept block's rank = its bucket's start +
 // the blocks of its bucket with a smaller key, counted, so that the scatter's
-// order does not matter. Dropped blocks take their scattered places (in no
-// fixed order: their rows see nothing, so their outputs and gradients are
-// exact zeros wherever they sit, and the kept blocks' ranks do not depend on
-// it). Five barriers and no dependent chain; the bitonic network it replaced
+// order does not matter. Dropped blocks come first in block order, placed by
+// one warp's ballots: every CTA of a batch row sorts on its own and takes the
+// rows of its own ranks, so all of them must arrive at the same permutation
+// (placed by shared atomics, a dropped block could fall to two CTAs' ranks or
+// to none, and its rows were then never written). Five barriers and no dependent
+// chain but warp 0's walk of nb / 32 ballots; the bitonic network it replaced
 // took ~log2(nb)^2 / 2 dependent shared-memory stages (0.25 ms of the random
 // drafter forward's 1.51 on an H200). A bucket holding more than a few times
 // its share of the blocks (anchors bunched within a bucket's width, or many
@@ -611,12 +613,18 @@ __device__ __noinline__ bool drafter_rank_blocks(unsigned short* order, unsigned
   if (__syncthreads_or(bunched)) return false;
   for (int i = tid; i < nb; i += THREADS) {
     const int k = bucket(sa[i]);
-    const int pos = atomicAdd(&cur[k], 1);
-    if (k == 0) {
-      order[pos] = static_cast<unsigned short>(i);
-    } else {
-      slot[pos] = static_cast<unsigned short>(i);
+    if (k != 0) slot[atomicAdd(&cur[k], 1)] = static_cast<unsigned short>(i);
+  }
+  if (tid < 32) {  // dropped blocks: ranks [0, dropped) in block order
+    int dropped = 0;
+    for (int c = 0; c < nb; c += 32) {
+      const int i = c + tid;
+      const bool drop = i < nb && sa[i] == 0u;
+      const unsigned bal = __ballot_sync(0xffffffffu, drop);
+      if (drop) order[dropped + __popc(bal & ((1u << tid) - 1u))] = static_cast<unsigned short>(i);
+      dropped += __popc(bal);
     }
+    if (tid == 0) cur[0] = dropped;  // bucket 0's end (no atomic touched it)
   }
   __syncthreads();  // cur[k] is now bucket k's end
   for (int i = tid; i < nb; i += THREADS) {
