@@ -111,6 +111,20 @@ constexpr bool kWgSplit = kWg && KC_SCORE_MOD == KC_SCORE_NONE;
 // of two (causal B4 H32 S4096 D128 dK/dV 3.70 -> 3.38 ms, D64 1.36 -> 1.14,
 // drafter training shape 5.82 -> 5.14 ms on an H200).
 constexpr bool kWgDqLag = kWg && !KC_DETERMINISTIC;
+// kWg (not deterministic): a third warpgroup, the producer (threads kThreads +
+// [0, 128), AttentionBwdDkdvThreads), issues every query step's Q, dO, LSE
+// and delta copies and writes its row data, on full / empty mbarriers per
+// stage, with its registers given to the two compute warpgroups (setmaxnreg).
+// Issued by the compute warps, the copies held them ~600 of a ~5200-clock
+// step with the tensor pipe idle, and moving them elsewhere in the step cost
+// as much or more (causal B4 H32 S4096 D128 dK/dV + preprocess + dQ convert
+// 3.52 -> 3.32 ms, no mask 6.56 -> 6.01 ms on an H200; kernels/NOTES.md,
+// session 19).
+constexpr bool kProducer = kWgDqLag;
+constexpr int kProdThreads = kAttnBwdProducerThreads;
+static_assert(!kProducer ||
+                  kThreads + kProdThreads == AttentionBwdDkdvThreads(KC_BWD_NUM_WARPS, true, false),
+              "dK/dV threads out of step with attention_tiles.h");
 static_assert(!kWg || (kNW == 8 && kBN == 128 && kBM == 64), "KC_BWD_WGMMA: 64 x 128 x 8w");
 // Drafter mask, kWg: a dK/dV CTA over context keys walks query steps of
 // drafter blocks sorted by anchor (attn_fwd::drafter_rank_blocks, as the
@@ -918,15 +932,24 @@ __device__ __noinline__ void dq_add_rows(float* dst, unsigned stage, int r0, int
 
 // ---------------------------------------------------------------------------
 // dK, dV (and dQ by atomics unless deterministic).
-// Grid (ceil(kv_len / KC_BWD_BLOCK_N), num_kv_heads, batch); KC_BWD_NUM_WARPS * 32 threads.
+// Grid (ceil(kv_len / KC_BWD_BLOCK_N), num_kv_heads, batch); AttentionBwdDkdvThreads threads
+// (KC_BWD_NUM_WARPS * 32, and kProducer's warpgroup).
 // ---------------------------------------------------------------------------
-extern "C" __global__ void __launch_bounds__(KC_BWD_NUM_WARPS * 32, 256 / (KC_BWD_NUM_WARPS * 32))
+extern "C" __global__ void __launch_bounds__(kcache::AttentionBwdDkdvThreads(KC_BWD_NUM_WARPS,
+                                                                             KC_BWD_WGMMA,
+                                                                             KC_DETERMINISTIC),
+                                             256 / (KC_BWD_NUM_WARPS * 32))
     kcache_attn_bwd_dkdv(const __grid_constant__ kcache::AttentionParams p) {
   using namespace kcache;
   using namespace kcache::attn_bwd;
   extern __shared__ __align__(128) unsigned char smem[];
 
-  const int tid = threadIdx.x;
+  // kProducer: the producer warpgroup's threads take part in the prologue's
+  // CTA barriers but none of its tid-strided work (their tid is past every
+  // range), then leave for their own loop.
+  const int tid_real = threadIdx.x;
+  const bool producer = kProducer && tid_real >= kThreads;
+  const int tid = producer ? tid_real + (1 << 20) : tid_real;
   const int warp = tid >> 5;
   const int lane = tid & 31;
   const int g = lane >> 2;
@@ -966,8 +989,11 @@ extern "C" __global__ void __launch_bounds__(KC_BWD_NUM_WARPS * 32, 256 / (KC_BW
   int* misc = reinterpret_cast<int*>(base + 2 * kBM * 16 + 4 * kList);
   // kBwdDrafterSort: query step qt holds blocks order[qt * kBwdBlocksPerStep + i].
   unsigned short* order = reinterpret_cast<unsigned short*>(base + 2 * kBM * 16 + 4 * kList + 16);
+  // kWg: full[2] and empty[2] mbarriers of the producer's stages.
+  const unsigned bar_full = smem_u32(order + kBwdSortCap);
+  const unsigned bar_empty = bar_full + 16;
   static_assert(2 * kQB + 2 * kOB + kBN * (kDQK + kDV) * 2 + kDsBufs * kSB + 2 * kBM * 8 +
-                        2 * kBM * 16 + 4 * kList + 16 + (kWg ? 1024 + 2 * kBwdSortCap : 0) +
+                        2 * kBM * 16 + 4 * kList + 16 + (kWg ? 1024 + 2 * kBwdSortCap + 32 : 0) +
                         kDqStage ==
                     AttentionBwdDkdvSmemBytes(KC_ARCH, kBM, kBN, kDQK, kDV, kWg),
                 "shared-memory layout out of step with attention_tiles.h");
@@ -979,9 +1005,22 @@ extern "C" __global__ void __launch_bounds__(KC_BWD_NUM_WARPS * 32, 256 / (KC_BW
 
   const elem_t* kg = static_cast<const elem_t*>(p.k) + b * p.k_stride_b + hkv * p.k_stride_h;
   const elem_t* vg = static_cast<const elem_t*>(p.v) + b * p.v_stride_b + hkv * p.v_stride_h;
-  load_rows<kBN, kDQK, kWg>(sK, kg, p.k_stride_s, n0, kv_len, tid);
-  load_rows<kBN, kDV, kWg>(sV, vg, p.v_stride_s, n0, kv_len, tid);
+  if (!producer) {
+    load_rows<kBN, kDQK, kWg>(sK, kg, p.k_stride_s, n0, kv_len, tid);
+    load_rows<kBN, kDV, kWg>(sV, vg, p.v_stride_s, n0, kv_len, tid);
+  }
   cp_async_commit();
+#if KC_BWD_WGMMA && !KC_DETERMINISTIC
+  // kProducer: full[2] (each producer thread arrives once its copies landed
+  // and once for its row data) and empty[2] (each compute warp).
+  if (tid_real == 0) {
+    for (int i = 0; i < 2; ++i) {
+      attn_fwd::mbar_init(bar_full + 8 * i, 2 * kProdThreads);
+      attn_fwd::mbar_init(bar_empty + 8 * i, kNW);
+    }
+  }
+  __syncthreads();
+#endif
 
   bool permute = false;  // kBwdDrafterSort, this CTA: steps of sorted blocks
 #if KC_MASK == KC_MASK_DRAFTER
@@ -1130,7 +1169,7 @@ extern "C" __global__ void __launch_bounds__(KC_BWD_NUM_WARPS * 32, 256 / (KC_BW
   }
 #endif
 
-  if (n_items > 0) {
+  if (n_items > 0 && !kProducer) {
     prefetch(0, 0);
     if constexpr (kRowData) {
       if (tid < kBM) {
@@ -1401,19 +1440,72 @@ extern "C" __global__ void __launch_bounds__(KC_BWD_NUM_WARPS * 32, 256 / (KC_BW
   }
 #endif
 
+#if KC_BWD_WGMMA && !KC_DETERMINISTIC
+  if constexpr (kProducer) {
+    if (producer) {
+      asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
+      const int ptid = tid_real - kThreads;
+      for (int it = 0; it < n_items; ++it) {
+        const int st = it & 1;
+        if (it >= 2) attn_fwd::mbar_wait(bar_empty + 8 * st, ((it >> 1) - 1) & 1);
+        int hh, qt, cls;
+        item_of(it, hh, qt, cls);
+        const int hq = hkv * group + hh;
+        const int m0 = qt * kBM;
+        const elem_t* qg = static_cast<const elem_t*>(p.q) + b * p.q_stride_b + hq * p.q_stride_h;
+        const elem_t* og =
+            static_cast<const elem_t*>(p.dout) + b * p.do_stride_b + hq * p.do_stride_h;
+        const unsigned qd = sQ + st * (kQB + kOB), od = qd + kQB;
+        if (kBwdDrafterSort && permute) {
+          auto row_of = [&](int r) { return q_row(qt, r); };
+          attn_fwd::load_tile_rows<kBM, kDQK, kProdThreads, kWg, true>(qd, qg, p.q_stride_s, row_of,
+                                                                       ptid);
+          attn_fwd::load_tile_rows<kBM, kDV, kProdThreads, kWg, true>(od, og, p.do_stride_s, row_of,
+                                                                      ptid);
+        } else {
+          attn_fwd::load_tile<kBM, kDQK, kProdThreads, kWg>(qd, qg, p.q_stride_s, m0, q_len, ptid);
+          attn_fwd::load_tile<kBM, kDV, kProdThreads, kWg>(od, og, p.do_stride_s, m0, q_len, ptid);
+        }
+        if (ptid < kBM) {
+          const int q = q_row(qt, ptid);
+          const bool ok = q < q_len;
+          const float* l = p.lse + b * p.lse_stride_b + hq * p.lse_stride_h + q;
+          const float* d = p.delta + (static_cast<long long>(b) * p.num_q_heads + hq) * q_len + q;
+          cp_async4(sLse + (st * kBM + ptid) * 4, ok ? l : p.lse, ok);
+          cp_async4(sDel + (st * kBM + ptid) * 4, ok ? d : p.delta, ok);
+          if constexpr (kRowData) rowdata[st * kBM + ptid] = row_data(p, q, row_raw(p, b, hq, q));
+        }
+        attn_fwd::mbar_arrive_cp_async(bar_full + 8 * st);  // once the copies landed
+        attn_fwd::mbar_arrive(bar_full + 8 * st);           // the row data (release)
+      }
+      // Leave only once the compute warps are done with every stage.
+      for (int it = n_items - 2 > 0 ? n_items - 2 : 0; it < n_items; ++it)
+        attn_fwd::mbar_wait(bar_empty + 8 * (it & 1), (it >> 1) & 1);
+      return;
+    }
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
+  }
+#endif
   for (int it = 0; it < n_items; ++it) {
     const int st = it & 1;
     cp_async_wait<0>();
 #if KC_BWD_WGMMA
+    if constexpr (kProducer) attn_fwd::mbar_wait(bar_full + 8 * st, (it >> 1) & 1);
     fence_proxy_async();  // cp.async writes (and kWgDqLag's dS^T stores) -> wgmma reads
 #if !KC_DETERMINISTIC
     if (wtid < 32) bulk_wait_read();  // sDq free for dQ(it - 1) (the threads that issued)
 #endif
 #endif
-    __syncthreads();  // item it landed; everyone is done with item it - 1
+#if KC_BWD_WGMMA && !KC_DETERMINISTIC
+    // item it landed; everyone is done with item it - 1 (kProducer: the
+    // compute warps only)
+    named_bar_sync(1, kThreads);
+#else
+    __syncthreads();
+#endif
     RowRaw next_raw{0, 0, make_int4(0, 0, 0, 0)};
     int next_q = 0;
-    if (it + 1 < n_items) {
+    if (!kProducer && it + 1 < n_items) {
       prefetch(it + 1, st ^ 1);
       if constexpr (kRowData) {
         if (tid < kBM) {
@@ -1691,16 +1783,21 @@ extern "C" __global__ void __launch_bounds__(KC_BWD_NUM_WARPS * 32, 256 / (KC_BW
     prev_m0 = m0;
 #endif
     if constexpr (kRowData) {
-      if (it + 1 < n_items && tid < kBM)
+      if (!kProducer && it + 1 < n_items && tid < kBM)
         rowdata[(st ^ 1) * kBM + tid] = row_data(p, next_q, next_raw);
     }
+#if KC_BWD_WGMMA && !KC_DETERMINISTIC
+    // kProducer: stage st is free (the last wgmma reading it was waited).
+    __syncwarp();
+    if (lane == 0) attn_fwd::mbar_arrive(bar_empty + 8 * st);
+#endif
   }
   cp_async_wait<0>();
 #if KC_BWD_WGMMA && !KC_DETERMINISTIC
   if (n_items > 0) {  // the last step's dQ
     fence_proxy_async();
     if (wtid < 32) bulk_wait_read();
-    __syncthreads();  // its dS^T complete
+    named_bar_sync(1, kThreads);  // its dS^T complete (kProducer: compute warps only)
     wg_dq(n_items - 1, prev_hq, prev_m0);
   }
   if (wtid < 32) bulk_wait_all();  // sDq read before the CTA's shared memory goes

@@ -156,14 +156,23 @@ constexpr int kAttnBwdAuxThreads = 256;
 // dim 128 fit one SM.
 constexpr int kAttnBwdMaxList = 1024;
 
+// Threads of kcache_attn_bwd_dkdv: num_warps * 32 compute threads and, on the
+// wgmma path outside the deterministic mode, a producer warpgroup that issues
+// the query steps' copies (attention_bwd.cuh, kProducer).
+constexpr int kAttnBwdProducerThreads = 128;
+KC_TILES_HD constexpr int AttentionBwdDkdvThreads(int num_warps, bool wgmma, bool deterministic) {
+  return num_warps * 32 + (wgmma && !deterministic ? kAttnBwdProducerThreads : 0);
+}
+
 // dK/dV kernel: K and V of the CTA's keys, two stages of Q and dO, the dS^T
 // tile (two on sm_90+, where the dQ of a query step runs one step late:
 // AttentionBwdDsBuffers), two stages of (LSE, delta) and of per-row mask
 // data, the tile list and counters. sm_90a (wgmma): 1024 bytes of slack to
 // align the tiles to wgmma's 1024-byte swizzle atoms, the drafter's block
 // order (2 bytes per block, up to kAttnBwdMaxList blocks; attention_bwd.cuh,
-// kBwdDrafterSort), and a query step's fp32 dQ partials (each warpgroup's
-// 64 x 64 block), staged for one bulk reduction.
+// kBwdDrafterSort), four mbarriers of the producer warpgroup's stages, and a
+// query step's fp32 dQ partials (each warpgroup's 64 x 64 block), staged for
+// one bulk reduction.
 KC_TILES_HD constexpr int AttentionBwdDsBuffers(int arch) { return arch >= 90 ? 2 : 1; }
 KC_TILES_HD constexpr int AttentionBwdDqStageBytes(int block_m, bool wgmma) {
   return wgmma ? 2 * block_m * 64 * 4 : 0;
@@ -172,7 +181,7 @@ KC_TILES_HD constexpr int AttentionBwdDkdvSmemBytes(int arch, int block_m, int b
                                                     int dv, bool wgmma = false) {
   return block_n * (dqk + dv) * 2 + 2 * block_m * (dqk + dv) * 2 +
          AttentionBwdDsBuffers(arch) * block_n * block_m * 2 + 2 * block_m * 8 + 2 * block_m * 16 +
-         4 * kAttnBwdMaxList + 16 + (wgmma ? 1024 + 2 * kAttnBwdMaxList : 0) +
+         4 * kAttnBwdMaxList + 16 + (wgmma ? 1024 + 2 * kAttnBwdMaxList + 32 : 0) +
          AttentionBwdDqStageBytes(block_m, wgmma);
 }
 

@@ -295,8 +295,13 @@ absl::StatusOr<GeneratedSource> GenerateAttentionSource(const v1::AttentionSpec&
     // and have no key tiles (block_n 0).
     entry("kcache_attn_bwd_preprocess", v1::ENTRY_ROLE_BACKWARD_PREPROCESS, kAttnBwdAuxThreads, 0,
           kAttnBwdRowsPerCta, 0);
-    entry("kcache_attn_bwd_dkdv", v1::ENTRY_ROLE_BACKWARD, bwd_threads, bwd.smem_dkdv, bwd.block_m,
-          bwd.block_n);
+    entry("kcache_attn_bwd_dkdv", v1::ENTRY_ROLE_BACKWARD,
+          AttentionBwdDkdvThreads(
+              bwd.num_warps,
+              AttentionBwdWgmma(arch->sm, arch->sm90a, static_cast<int>(spec.head_dim_qk()),
+                                static_cast<int>(spec.head_dim_v())),
+              spec.deterministic()),
+          bwd.smem_dkdv, bwd.block_m, bwd.block_n);
     if (spec.deterministic()) {
       // A dQ CTA owns block_n query rows and steps over block_m keys
       // (kernels/attention_tiles.h): the entry says so in its own terms, so

@@ -103,8 +103,10 @@ def bwd_smem_dkdv(arch, bm, bn, dqk, dv, sm90a=False):
     ds_buffers = 2 if arch >= 90 else 1  # kcache::AttentionBwdDsBuffers
     return (bn * (dqk + dv) * 2 + 2 * bm * (dqk + dv) * 2 + ds_buffers * bn * bm * 2 + 2 * bm * 8
             + 2 * bm * 16 + 4 * BWD_MAX_LIST + 16
-            # wgmma: alignment slack, the drafter's block order, the dQ stage
-            + (1024 + 2 * BWD_MAX_LIST + 2 * bm * 64 * 4 if bwd_wgmma(arch, dqk, dv, sm90a) else 0))
+            # wgmma: alignment slack, the drafter's block order, the producer's four
+            # mbarriers, the dQ stage
+            + (1024 + 2 * BWD_MAX_LIST + 32 + 2 * bm * 64 * 4 if bwd_wgmma(arch, dqk, dv, sm90a)
+               else 0))
 
 
 def bwd_smem_dq(bm, bn, dqk, dv):
@@ -668,6 +670,11 @@ class Kernel:
         if spec.get("backward"):
             bbm, bbn, bnw = spec["bwd_tiles"]
             self.bwd_block_m, self.bwd_block_n, self.bwd_threads = bbm, bbn, bnw * 32
+            # kcache::AttentionBwdDkdvThreads: the wgmma dK/dV's producer warpgroup.
+            self.dkdv_threads = self.bwd_threads + (
+                128 if bwd_wgmma(spec["arch"], spec["dqk"], spec["dv"], spec["sm90a"]) and
+                not spec["deterministic"] and
+                ("KC_BWD_WGMMA", "0") not in tuple(spec.get("extra_defines", ())) else 0)
             self.smem_dkdv = bwd_smem_dkdv(spec["arch"], bbm, bbn, spec["dqk"], spec["dv"],
                                            spec["sm90a"])
             self.smem_dq = bwd_smem_dq(bbm, bbn, spec["dqk"], spec["dv"])
@@ -772,7 +779,7 @@ class BackwardLaunch:
         if "kcache_attn_bwd_mask_build" in k.bwd and self.own_build:
             out.append(("kcache_attn_bwd_mask_build", (-(-Lq // k.bwd_block_m), Hq, B), 128, 0))
         out.append(("kcache_attn_bwd_preprocess", aux, BWD_AUX_THREADS, 0))
-        out.append(("kcache_attn_bwd_dkdv", (-(-Lkv // k.bwd_block_n), Hkv, B), k.bwd_threads,
+        out.append(("kcache_attn_bwd_dkdv", (-(-Lkv // k.bwd_block_n), Hkv, B), k.dkdv_threads,
                     k.smem_dkdv))
         if "kcache_attn_bwd_dq" in k.bwd:
             out.append(("kcache_attn_bwd_dq", (-(-Lq // k.bwd_block_n), Hq, B), k.bwd_threads,
