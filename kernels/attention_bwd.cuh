@@ -1440,51 +1440,49 @@ extern "C" __global__ void __launch_bounds__(kcache::AttentionBwdDkdvThreads(KC_
   }
 #endif
 
-#if KC_BWD_WGMMA && !KC_DETERMINISTIC
-  if constexpr (kProducer) {
-    if (producer) {
-      asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
-      const int ptid = tid_real - kThreads;
-      for (int it = 0; it < n_items; ++it) {
-        const int st = it & 1;
-        if (it >= 2) attn_fwd::mbar_wait(bar_empty + 8 * st, ((it >> 1) - 1) & 1);
-        int hh, qt, cls;
-        item_of(it, hh, qt, cls);
-        const int hq = hkv * group + hh;
-        const int m0 = qt * kBM;
-        const elem_t* qg = static_cast<const elem_t*>(p.q) + b * p.q_stride_b + hq * p.q_stride_h;
-        const elem_t* og =
-            static_cast<const elem_t*>(p.dout) + b * p.do_stride_b + hq * p.do_stride_h;
-        const unsigned qd = sQ + st * (kQB + kOB), od = qd + kQB;
-        if (kBwdDrafterSort && permute) {
-          auto row_of = [&](int r) { return q_row(qt, r); };
-          attn_fwd::load_tile_rows<kBM, kDQK, kProdThreads, kWg, true>(qd, qg, p.q_stride_s, row_of,
-                                                                       ptid);
-          attn_fwd::load_tile_rows<kBM, kDV, kProdThreads, kWg, true>(od, og, p.do_stride_s, row_of,
-                                                                      ptid);
-        } else {
-          attn_fwd::load_tile<kBM, kDQK, kProdThreads, kWg>(qd, qg, p.q_stride_s, m0, q_len, ptid);
-          attn_fwd::load_tile<kBM, kDV, kProdThreads, kWg>(od, og, p.do_stride_s, m0, q_len, ptid);
-        }
-        if (ptid < kBM) {
-          const int q = q_row(qt, ptid);
-          const bool ok = q < q_len;
-          const float* l = p.lse + b * p.lse_stride_b + hq * p.lse_stride_h + q;
-          const float* d = p.delta + (static_cast<long long>(b) * p.num_q_heads + hq) * q_len + q;
-          cp_async4(sLse + (st * kBM + ptid) * 4, ok ? l : p.lse, ok);
-          cp_async4(sDel + (st * kBM + ptid) * 4, ok ? d : p.delta, ok);
-          if constexpr (kRowData) rowdata[st * kBM + ptid] = row_data(p, q, row_raw(p, b, hq, q));
-        }
-        attn_fwd::mbar_arrive_cp_async(bar_full + 8 * st);  // once the copies landed
-        attn_fwd::mbar_arrive(bar_full + 8 * st);           // the row data (release)
+#if KC_BWD_WGMMA && !KC_DETERMINISTIC  // kProducer
+  if (producer) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
+    const int ptid = tid_real - kThreads;
+    for (int it = 0; it < n_items; ++it) {
+      const int st = it & 1;
+      if (it >= 2) attn_fwd::mbar_wait(bar_empty + 8 * st, ((it >> 1) - 1) & 1);
+      int hh, qt, cls;
+      item_of(it, hh, qt, cls);
+      const int hq = hkv * group + hh;
+      const int m0 = qt * kBM;
+      const elem_t* qg = static_cast<const elem_t*>(p.q) + b * p.q_stride_b + hq * p.q_stride_h;
+      const elem_t* og =
+          static_cast<const elem_t*>(p.dout) + b * p.do_stride_b + hq * p.do_stride_h;
+      const unsigned qd = sQ + st * (kQB + kOB), od = qd + kQB;
+      if (kBwdDrafterSort && permute) {
+        auto row_of = [&](int r) { return q_row(qt, r); };
+        attn_fwd::load_tile_rows<kBM, kDQK, kProdThreads, kWg, true>(qd, qg, p.q_stride_s, row_of,
+                                                                     ptid);
+        attn_fwd::load_tile_rows<kBM, kDV, kProdThreads, kWg, true>(od, og, p.do_stride_s, row_of,
+                                                                    ptid);
+      } else {
+        attn_fwd::load_tile<kBM, kDQK, kProdThreads, kWg>(qd, qg, p.q_stride_s, m0, q_len, ptid);
+        attn_fwd::load_tile<kBM, kDV, kProdThreads, kWg>(od, og, p.do_stride_s, m0, q_len, ptid);
       }
-      // Leave only once the compute warps are done with every stage.
-      for (int it = n_items - 2 > 0 ? n_items - 2 : 0; it < n_items; ++it)
-        attn_fwd::mbar_wait(bar_empty + 8 * (it & 1), (it >> 1) & 1);
-      return;
+      if (ptid < kBM) {
+        const int q = q_row(qt, ptid);
+        const bool ok = q < q_len;
+        const float* l = p.lse + b * p.lse_stride_b + hq * p.lse_stride_h + q;
+        const float* d = p.delta + (static_cast<long long>(b) * p.num_q_heads + hq) * q_len + q;
+        cp_async4(sLse + (st * kBM + ptid) * 4, ok ? l : p.lse, ok);
+        cp_async4(sDel + (st * kBM + ptid) * 4, ok ? d : p.delta, ok);
+        if constexpr (kRowData) rowdata[st * kBM + ptid] = row_data(p, q, row_raw(p, b, hq, q));
+      }
+      attn_fwd::mbar_arrive_cp_async(bar_full + 8 * st);  // once the copies landed
+      attn_fwd::mbar_arrive(bar_full + 8 * st);           // the row data (release)
     }
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
+    // Leave only once the compute warps are done with every stage.
+    for (int it = n_items - 2 > 0 ? n_items - 2 : 0; it < n_items; ++it)
+      attn_fwd::mbar_wait(bar_empty + 8 * (it & 1), (it >> 1) & 1);
+    return;
   }
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
 #endif
   for (int it = 0; it < n_items; ++it) {
     const int st = it & 1;
