@@ -8,10 +8,12 @@
 // whole warpgroups, head dims <= 128) the two GEMMs run as wgmma instead:
 // S = Q K^T with both operands in 128-byte-swizzled shared memory, O += P V
 // with P from registers (the S accumulator layout is the A-fragment layout)
-// and V read transposed. With two warpgroups and 2 stages they ping-pong
-// (FlashAttention-3): named barriers make them take turns issuing wgmma so
-// that one's softmax runs under the other's MMAs, and K/V tiles complete on
-// mbarriers (cp.async.mbarrier.arrive) instead of a CTA barrier per tile.
+// and V read transposed. With two warpgroups and 2 stages (head dim 128) they
+// ping-pong (FlashAttention-3): named barriers make them take turns issuing
+// wgmma, a turn issuing S of key tile i and then P V of tile i - 1, so that
+// a warpgroup's softmax runs under its own P V and the other's turn; a
+// producer warpgroup issues the K/V copies, which complete on mbarriers
+// (cp.async.mbarrier.arrive) instead of a CTA barrier per tile.
 //
 // One CTA computes block_m query rows of one (batch, query head); each warp
 // owns block_m / num_warps rows (16 or 32) and walks the key tiles that the
@@ -148,6 +150,14 @@ constexpr bool kPingpong = kWgmma && kNW == 8 && kStages == 2 && kDQK >= 128;
 // on the ping-pong the rescale already runs under the other warpgroup's
 // wgmma and the warp vote cost 1-2 %, so it stays exact there.
 constexpr float kRescaleSlack = kPingpong ? 0.f : 8.f;
+static_assert(kPingpong == AttentionFwdPingpong(AttentionTiles{kBM, kBN, kNW, kStages, 0},
+                                                KC_ARCH_SM90A != 0, kDQK, kDV),
+              "attention_tiles.h's AttentionFwdPingpong must name the ping-pong's tiles");
+// The ping-pong's producer warpgroup (threads kThreads .. kThreads + 127)
+// issues the K / V copies; elsewhere the compute threads do.
+constexpr int kFwdThreadsAll =
+    AttentionFwdThreads(AttentionTiles{kBM, kBN, kNW, kStages, 0}, KC_ARCH_SM90A != 0, kDQK, kDV);
+constexpr int kLoadThreads = kPingpong ? kAttnFwdProducerThreads : kThreads;
 // sm_90a with 3+ stages: softmax overlaps the previous tile's P V wgmma.
 constexpr bool kOverlap = kWgmma && !kPingpong && kStages >= 3;
 // Tiles in flight ahead of the one computed.
@@ -663,13 +673,18 @@ constexpr int kWinRight = KC_WINDOW_RIGHT;
 // compiles a backward module as two units, each into an image of its own):
 // these helpers without the forward's kernels.
 #if !KC_OMIT_FWD
-extern "C" __global__ void __launch_bounds__(KC_NUM_WARPS * 32)
+extern "C" __global__ void __launch_bounds__(kcache::attn_fwd::kFwdThreadsAll)
     kcache_attn_fwd(const __grid_constant__ kcache::AttentionParams p) {
   using namespace kcache;
   using namespace kcache::attn_fwd;
   extern __shared__ __align__(1024) unsigned char smem[];
 
-  const int tid = threadIdx.x;
+  // kPingpong: the producer warpgroup's threads take part in the prologue's
+  // CTA barriers but none of its tid-strided work (their tid is past every
+  // range), then leave for their own loop.
+  const int tid_real = threadIdx.x;
+  const bool producer = kPingpong && tid_real >= kThreads;
+  const int tid = producer ? tid_real + (1 << 20) : tid_real;
   const int warp = tid >> 5;
   const int lane = tid & 31;
   const int g = lane >> 2;  // row within an m16 tile (and +8)
@@ -740,15 +755,17 @@ extern "C" __global__ void __launch_bounds__(KC_NUM_WARPS * 32)
     }
     return m0 + r < q_len ? m0 + r : -1;
   };
-  if (permute) {  // rolled: once per CTA (unrolled, ~400 PTX lines of NVRTC time)
+  if (producer) {
+    // Q is the compute threads' copy.
+  } else if (permute) {  // rolled: once per CTA (unrolled, ~400 PTX lines of NVRTC time)
     load_tile_rows<kBM, kDQK, kThreads, kWgmma, true>(sQ, qg, p.q_stride_s, src_row, tid);
   } else {
     load_tile<kBM, kDQK>(sQ, qg, p.q_stride_s, m0, q_len, tid);
   }
   cp_async_commit();
 #else
-  // Q first: its copy overlaps the tile planning below.
-  load_tile<kBM, kDQK>(sQ, qg, p.q_stride_s, m0, q_len, tid);
+  // Q first (the compute threads): its copy overlaps the tile planning below.
+  if (!producer) load_tile<kBM, kDQK>(sQ, qg, p.q_stride_s, m0, q_len, tid);
   cp_async_commit();
 #endif
 
@@ -928,49 +945,70 @@ extern "C" __global__ void __launch_bounds__(KC_NUM_WARPS * 32)
   }
 #endif
 
-  // K and V of key tile t into the stage at (dk, dv).
-  auto load_kv = [&](int t, unsigned dk, unsigned dv) {
+  // K and/or V (parts: 1 K, 2 V, 3 both) of key tile t into the stage at
+  // (dk, dv), by kLoadThreads threads (ltid: this thread's index among them).
+  auto load_kv = [&](int t, unsigned dk, unsigned dv, int ltid, int parts) {
 #if KC_MASK == KC_MASK_DRAFTER
     if (kOwnGather && t == kOwnTile) {  // row c: the own key of tile row c's block
       auto own_row = [&](int c) -> int {
         const int kv = rowdata[c].z + c % KC_DRAFTER_BLOCK;
         return c <= mlast - m0 && kv < kv_len ? kv : -1;
       };
-      load_tile_rows<kBN, kDQK, kThreads, kWgmma, true>(dk, kg, p.k_stride_s, own_row, tid);
-      load_tile_rows<kBN, kDV, kThreads, kWgmma, true>(dv, vg, p.v_stride_s, own_row, tid);
+      if (parts & 1)
+        load_tile_rows<kBN, kDQK, kLoadThreads, kWgmma, true>(dk, kg, p.k_stride_s, own_row, ltid);
+      if (parts & 2)
+        load_tile_rows<kBN, kDV, kLoadThreads, kWgmma, true>(dv, vg, p.v_stride_s, own_row, ltid);
       return;
     }
 #endif
-    load_tile<kBN, kDQK>(dk, kg, p.k_stride_s, t * kBN, kv_len, tid);
-    load_tile<kBN, kDV>(dv, vg, p.v_stride_s, t * kBN, kv_len, tid);
+    if (parts & 1) load_tile<kBN, kDQK, kLoadThreads>(dk, kg, p.k_stride_s, t * kBN, kv_len, ltid);
+    if (parts & 2) load_tile<kBN, kDV, kLoadThreads>(dv, vg, p.v_stride_s, t * kBN, kv_len, ltid);
   };
 
   // ------------------------------------------------------------------------
   // Prologue of the K/V pipeline: tiles 0 .. kPrefetch - 1, one group each.
   // ------------------------------------------------------------------------
 #if KC_WGMMA_HEAD_DIMS
-  // Ping-pong: full[s] completes when every thread's copies into stage s have
-  // landed (kThreads arrivals); empty[s] when every warp is done with it.
-  const unsigned bar_full = sQ + kBarOff;
-  const unsigned bar_empty = bar_full + 8 * kStages;
+  // Ping-pong: K and V of stage s complete on kfull[s] / vfull[s] once the
+  // producer's copies landed (one arrival per producer thread), and are free
+  // again on kempty[s] / vempty[s] (one arrival per compute warp) once S /
+  // P V of the tile there is waited: K of tile i + 2 can land while P V of
+  // tile i still reads V.
+  const unsigned bar_kfull = sQ + kBarOff;
+  const unsigned bar_vfull = bar_kfull + 16;
+  const unsigned bar_kempty = bar_vfull + 16;
+  const unsigned bar_vempty = bar_kempty + 16;
   if constexpr (kPingpong) {
     if (tid == 0) {
-      for (int st = 0; st < kStages; ++st) {
-        mbar_init(bar_full + 8 * st, kThreads);
-        mbar_init(bar_empty + 8 * st, kNW);
-      }
+      for (int i = 0; i < 8; ++i) mbar_init(bar_kfull + 8 * i, i < 4 ? kLoadThreads : kNW);
     }
     __syncthreads();
-    if (n_iter > 0) {
-      load_kv(use_list ? (tile_list[0] & 0x3fff) : first, sK, sV);
-      mbar_arrive_cp_async(bar_full);
+    if (producer) {
+      asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
+      const int ptid = tid_real - kThreads;
+      for (int i = 0; i < n_iter; ++i) {
+        const int st = i & 1;
+        const int t = use_list ? (tile_list[i] & 0x3fff) : first + i;
+        // K(i) after V(i - 1): a thread's kfull arrival then also means
+        // that its V(i - 1) landed (the compute loop relies on it).
+        if (i >= 2) mbar_wait(bar_kempty + 8 * st, ((i >> 1) - 1) & 1);
+        load_kv(t, sK + st * kKBytes, sV + st * kVBytes, ptid, 1);
+        mbar_arrive_cp_async(bar_kfull + 8 * st);
+        if (i >= 2) mbar_wait(bar_vempty + 8 * st, ((i >> 1) - 1) & 1);
+        load_kv(t, sK + st * kKBytes, sV + st * kVBytes, ptid, 2);
+        mbar_arrive_cp_async(bar_vfull + 8 * st);
+      }
+      cp_async_wait<0>();
+      return;
     }
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
   } else
 #endif
 #pragma unroll
     for (int s = 0; s < kPrefetch; ++s) {
       if (s < n_iter) {
-        load_kv(use_list ? (tile_list[s] & 0x3fff) : first + s, sK + s * kKBytes, sV + s * kVBytes);
+        load_kv(use_list ? (tile_list[s] & 0x3fff) : first + s, sK + s * kKBytes, sV + s * kVBytes,
+                tid, 3);
       }
       cp_async_commit();
     }
@@ -1324,7 +1362,8 @@ extern "C" __global__ void __launch_bounds__(KC_NUM_WARPS * 32)
 
   // K and V of iteration ip into stage st.
   auto prefetch = [&](int ip, int st) {
-    load_kv(use_list ? (tile_list[ip] & 0x3fff) : first + ip, sK + st * kKBytes, sV + st * kVBytes);
+    load_kv(use_list ? (tile_list[ip] & 0x3fff) : first + ip, sK + st * kKBytes, sV + st * kVBytes,
+            tid, 3);
   };
 
   // mma.sync: S = Q K^T and O += P V for the tile in `stage`.
@@ -1448,45 +1487,94 @@ extern "C" __global__ void __launch_bounds__(KC_NUM_WARPS * 32)
     // Named barriers 1 and 2 order the warpgroups' wgmma issues: warpgroup w
     // waits on 1 + w, then lets the other go (arrive on 2 - w). Warpgroup 0
     // starts; the last arrival of warpgroup 1 is skipped so that none is
-    // left pending at exit.
+    // left pending at exit. Named barrier 3: the compute warps alone.
     const int wg = warp >> 2;
-    cp_async_wait<0>();  // Q (and this thread's share of tile 0)
+    cp_async_wait<0>();  // Q
     fence_proxy_async();
-    __syncthreads();
+    named_bar_sync(3, kThreads);  // the compute warps: Q landed
     if (n_iter > 0 && wg == 1) named_bar_arrive(1, kThreads);
-    for (int i = 0; i < n_iter; ++i) {
-      const int stage = i & 1;
-      mbar_wait(bar_full + 8 * stage, (i >> 1) & 1);
-      fence_proxy_async();  // other threads' cp.async writes -> this thread's wgmma
-
+    // Turn i of a warpgroup issues S of tile i and then P V of tile i - 1;
+    // it waits for S alone (wgmma groups complete in order), so the softmax
+    // of tile i runs under that P V, and O is rescaled once P V is waited.
+    // Tile 0's turn has no P V and one more turn issues the last one, both
+    // outside the loop: a wgmma under a branch serializes them all (C7518).
+    // Measured (H200, kernels/NOTES.md, session 20): causal B4 H32 S4096
+    // D128 1.11-1.17 -> 0.98-1.08 ms, no mask 2.24-2.26 -> 1.95-2.02,
+    // drafter -8..-10 %, against the copies on the compute warps and a turn
+    // per GEMM.
+    unsigned pa_prev[kKV][4];  // P of the tile before, for the next turn's P V
+    auto tile_front = [&](int i, int& n0, int& wcls, unsigned(&vbits)[kVW]) {
+      // K of tile i landed, and V of tile i - 1 with it (the producer
+      // issues V(i - 1) before K(i)).
+      mbar_wait(bar_kfull + 8 * (i & 1), (i >> 1) & 1);
+      fence_proxy_async();  // the producer's cp.async writes -> this thread's wgmma
       int tile, cls;
       tile_of(i, tile, cls);
-      const int n0 = tile * kBN;
+      n0 = tile * kBN;
+      wcls = cls == 2 ? 2 : visibility(n0, vbits);
+    };
+    // S waited: K of tile i is free.
+    auto release_k = [&](int i) {
+      __syncwarp();
+      if (lane == 0) mbar_arrive(bar_kempty + 8 * (i & 1));
+    };
+    if (n_iter > 0) {
+      int n0, wcls;
       unsigned vbits[kVW];
-      const int wcls = cls == 2 ? 2 : visibility(n0, vbits);
+      tile_front(0, n0, wcls, vbits);
+      float s[kMT][kNT][4];
+      float alpha[kMT][2];
+      named_bar_sync(1 + wg, kThreads);
+      qk_wgmma(s, 0);
+      named_bar_arrive(2 - wg, kThreads);
+      wgmma_wait<0>();
+      fence_regs(s[0]);
+      release_k(0);
+      softmax_to_p(s, alpha, pa_prev, n0, wcls, vbits);  // O is 0: its rescale is moot
+    }
+    for (int i = 1; i < n_iter; ++i) {
+      const int stage = i & 1;
+      int n0, wcls;
+      unsigned vbits[kVW];
+      tile_front(i, n0, wcls, vbits);
       float s[kMT][kNT][4];
       float alpha[kMT][2];
       named_bar_sync(1 + wg, kThreads);
       qk_wgmma(s, stage);
+      pv_wgmma(pa_prev, stage ^ 1);
       named_bar_arrive(2 - wg, kThreads);
-      // Tile i + 1 into the other stage once both warpgroups are done with
-      // tile i - 1 (overlaps this S wgmma).
-      if (i + 1 < n_iter) {
-        if (i >= 1) mbar_wait(bar_empty + 8 * (stage ^ 1), ((i - 1) >> 1) & 1);
-        prefetch(i + 1, stage ^ 1);
-        mbar_arrive_cp_async(bar_full + 8 * (stage ^ 1));
-      }
-      wgmma_wait<0>();
+      wgmma_wait<1>();
       fence_regs(s[0]);
-      unsigned pa[kKV][4];
-      softmax_to_p(s, alpha, pa, n0, wcls, vbits);
-      named_bar_sync(1 + wg, kThreads);
-      pv_wgmma(pa, stage);
-      if (wg == 0 || i + 1 < n_iter) named_bar_arrive(2 - wg, kThreads);
+      release_k(i);
+      // P stays in s until P V(i - 1) is waited: the compiler sees pa_prev
+      // dead once the wgmma that reads it asynchronously is issued, so
+      // packing before the wait could reuse its registers (ptxas then
+      // serializes every wgmma, C7513).
+      bool rescale = false;
+      if (wcls != 0) {
+        score_and_mask(s, n0, wcls, vbits);
+        rescale = softmax(s, alpha);
+      }
       wgmma_wait<0>();
       fence_regs(o[0]);
       __syncwarp();
-      if (lane == 0) mbar_arrive(bar_empty + 8 * stage);
+      if (lane == 0) mbar_arrive(bar_vempty + 8 * (stage ^ 1));  // V of tile i - 1 is free
+      if (rescale) rescale_o(alpha);
+      if (wcls != 0) {
+        pack_p(s, pa_prev);
+      } else {
+        zero_p(pa_prev);
+      }
+    }
+    if (n_iter > 0) {  // the last tile's P V
+      const int last = n_iter - 1;
+      mbar_wait(bar_vfull + 8 * (last & 1), (last >> 1) & 1);
+      fence_proxy_async();
+      named_bar_sync(1 + wg, kThreads);
+      pv_wgmma(pa_prev, last & 1);
+      if (wg == 0) named_bar_arrive(2 - wg, kThreads);  // none left pending at exit
+      wgmma_wait<0>();
+      fence_regs(o[0]);
     }
   } else
 #endif

@@ -90,6 +90,23 @@ KC_TILES_HD constexpr AttentionTiles MakeAttentionTiles(int block_m, int block_n
                         AttentionSmemBytes(block_m, block_n, stages, head_dim_qk, head_dim_v, 2)};
 }
 
+// sm_90a's ping-pong forward (attention_fwd.cuh, kPingpong): two warpgroups
+// of 16-row warps that take turns on the tensor cores, head dim QK 128, two
+// stages. A producer warpgroup beside them issues the K / V copies, so the
+// kernel runs num_warps * 32 + kAttnFwdProducerThreads threads there.
+constexpr int kAttnFwdProducerThreads = 128;
+KC_TILES_HD constexpr bool AttentionFwdPingpong(const AttentionTiles& t, bool sm90a,
+                                                int head_dim_qk, int head_dim_v) {
+  return sm90a && t.num_warps == 8 && t.block_m == 8 * 16 && t.stages == 2 && head_dim_qk == 128 &&
+         head_dim_v >= 64 && head_dim_v <= 128;
+}
+// Threads of kcache_attn_fwd.
+KC_TILES_HD constexpr int AttentionFwdThreads(const AttentionTiles& t, bool sm90a, int head_dim_qk,
+                                              int head_dim_v) {
+  return t.num_warps * 32 +
+         (AttentionFwdPingpong(t, sm90a, head_dim_qk, head_dim_v) ? kAttnFwdProducerThreads : 0);
+}
+
 // The default configuration for a spec, or all zeros when the combination is
 // unsupported. mask_kind is a KC_MASK_* value; is_fp16 selects fp16 over
 // bf16 (both 2-byte, same tiles today). sm90a: the target is sm_90a

@@ -258,7 +258,9 @@ absl::StatusOr<GeneratedSource> GenerateAttentionSource(const v1::AttentionSpec&
   v1::EntryPoint fwd;
   fwd.set_name("kcache_attn_fwd");
   fwd.set_role(v1::ENTRY_ROLE_FORWARD);
-  fwd.set_threads(static_cast<uint32_t>(tiles->num_warps * 32));
+  fwd.set_threads(static_cast<uint32_t>(AttentionFwdThreads(*tiles, arch->sm90a,
+                                                            static_cast<int>(spec.head_dim_qk()),
+                                                            static_cast<int>(spec.head_dim_v()))));
   fwd.set_dynamic_smem_bytes(static_cast<uint32_t>(tiles->smem_bytes));
   fwd.set_block_m(static_cast<uint32_t>(tiles->block_m));
   fwd.set_block_n(static_cast<uint32_t>(tiles->block_n));

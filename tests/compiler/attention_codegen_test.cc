@@ -91,7 +91,9 @@ TEST(CodegenTest, PreludeFollowsTheContract) {
   EXPECT_EQ(fwd.role(), v1::ENTRY_ROLE_FORWARD);
   const AttentionTiles t =
       SelectAttentionTiles(90, 128, 128, KC_MASK_CAUSAL, false, /*sm90a=*/true);
-  EXPECT_EQ(fwd.threads(), static_cast<uint32_t>(t.num_warps * 32));
+  // sm_90a head dim 128: the ping-pong's two warpgroups and a producer warpgroup.
+  EXPECT_EQ(t.num_warps, 8);
+  EXPECT_EQ(fwd.threads(), 384u);
   EXPECT_EQ(fwd.dynamic_smem_bytes(), static_cast<uint32_t>(t.smem_bytes));
   EXPECT_EQ(fwd.block_m(), static_cast<uint32_t>(t.block_m));
   EXPECT_EQ(fwd.block_n(), static_cast<uint32_t>(t.block_n));
@@ -221,7 +223,8 @@ TEST(CodegenBackwardTest, EntryPointsRolesAndTilesFollowTheContract) {
         EXPECT_EQ(g->bwd_tiles.block_m, t.block_m);
         EXPECT_EQ(g->bwd_tiles.smem_dkdv, t.smem_dkdv);
         const auto u = [](int v) { return static_cast<uint32_t>(v); };
-        const uint32_t fwd_threads = u(g->tiles.num_warps * 32);
+        // sm_90a head dim 128: the forward's ping-pong has a producer warpgroup.
+        const uint32_t fwd_threads = u(g->tiles.num_warps * 32 + (a.sm90a ? 128 : 0));
         std::vector<ExpectedEntry> want = {{"kcache_attn_fwd", v1::ENTRY_ROLE_FORWARD, fwd_threads,
                                             u(g->tiles.smem_bytes), u(g->tiles.block_m),
                                             u(g->tiles.block_n)}};

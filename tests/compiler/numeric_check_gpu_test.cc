@@ -70,7 +70,9 @@ AttentionCheckKernel Describe(const std::string& src) {
   k.num_kv_heads = 2;
   const AttentionTiles t = MakeAttentionTiles(d["KC_BLOCK_M"], d["KC_BLOCK_N"], d["KC_NUM_WARPS"],
                                               d["KC_STAGES"], k.head_dim_qk, k.head_dim_v);
-  k.forward = {"kcache_attn_fwd", t.num_warps * 32, t.smem_bytes, t.block_m, t.block_n};
+  k.forward = {"kcache_attn_fwd",
+               AttentionFwdThreads(t, d["KC_ARCH_SM90A"] == 1, k.head_dim_qk, k.head_dim_v),
+               t.smem_bytes, t.block_m, t.block_n};
   // The mask build classifies in rows of KC_CLASS_BLOCK_M (the backward's block_m where the
   // forward's classes also serve the backward), as the record's MASK_BUILD entry says.
   const int class_block_m = d.count("KC_CLASS_BLOCK_M") ? d["KC_CLASS_BLOCK_M"] : t.block_m;

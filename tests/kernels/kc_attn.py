@@ -66,6 +66,10 @@ def check_tiles_against_header():
                    't.block_m | ((long long)t.block_n << 12) | ((long long)t.num_warps << 24) | '
                    '((long long)t.stages << 32) | ((long long)t.smem_bytes << 40); }'
                    % (i, a, q, v, "true" if x else "false"))
+        src.append('extern "C" __global__ void probe_f%d(long long* o) { constexpr auto t = '
+                   'kcache::SelectAttentionTiles(%d, %d, %d, 0, false, %s); *o = (long long)'
+                   'kcache::AttentionFwdThreads(t, %s, %d, %d); }'
+                   % (i, a, q, v, "true" if x else "false", "true" if x else "false", q, v))
     ptx = _nvrtc_ptx("\n".join(src) + "\n")
     bad = []
     for i, (a, q, v, x) in enumerate(combos):
@@ -78,6 +82,13 @@ def check_tiles_against_header():
         if got != want:
             bad.append("sm_%d%s %d/%d: header %s, python %s" % (a, "a" if x else "", q, v, got,
                                                                   want))
+        if t:
+            body = ptx.split(".entry probe_f%d(" % i, 1)[1].split("ret;", 1)[0]
+            m = re.search(r"mov\.[ub](?:32|64)\s+%r[d]?\d+,\s*(-?\d+);", body)
+            threads = int(m.group(1)) if m else None
+            if threads != fwd_threads(t, q, v, x):
+                bad.append("sm_%d%s %d/%d: header threads %s, python %d"
+                           % (a, "a" if x else "", q, v, threads, fwd_threads(t, q, v, x)))
     if bad:
         raise RuntimeError("tile selection out of step: " + "; ".join(bad))
 
@@ -92,6 +103,14 @@ _SMEM_LIMIT = {80: 166912, 86: 101376, 89: 101376, 90: 232448}
 
 
 BWD_MAX_LIST = 1024     # kAttnBwdMaxList: uint32 tile-list entries
+
+
+def fwd_threads(tiles, dqk, dv, sm90a):
+    """kcache::AttentionFwdThreads: sm_90a's ping-pong forward has a producer warpgroup."""
+    bm, _, nw, st = tiles
+    pingpong = (bool(sm90a) and nw == 8 and bm == 128 and st == 2 and dqk == 128
+                and 64 <= dv <= 128)
+    return nw * 32 + (128 if pingpong else 0)
 
 
 def bwd_wgmma(arch, dqk, dv, sm90a):
@@ -656,7 +675,8 @@ class Kernel:
         self.modules = load_images(cubin)  # one module per image, as the clients load them
         self.fwd = self._function("kcache_attn_fwd")
         bm, bn, nw, st = spec["tiles"]
-        self.block_m, self.block_n, self.threads = bm, bn, nw * 32
+        self.block_m, self.block_n = bm, bn
+        self.threads = fwd_threads(spec["tiles"], spec["dqk"], spec["dv"], spec["sm90a"])
         self.smem = smem_bytes(bm, bn, st, spec["dqk"], spec["dv"])
         _check(cu.cuFuncSetAttribute(self.fwd, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                                      self.smem), "cuFuncSetAttribute")
