@@ -1130,32 +1130,47 @@ extern "C" __global__ void __launch_bounds__(kcache::AttentionBwdDkdvThreads(KC_
   };
 
   // Q, dO, LSE and delta of item it into stage st.
-  auto prefetch = [&](int it, int st) {
+  // Query step it's source: its query tile and head, and where its Q and dO
+  // rows start (the compute warps' prefetch and kProducer's loop share it).
+  struct StepSrc {
+    int qt, hq, m0;
+    const elem_t* qg;
+    const elem_t* og;
+  };
+  auto step_src = [&](int it) -> StepSrc {
     int hh, qt, cls;
     item_of(it, hh, qt, cls);
     const int hq = hkv * group + hh;
-    const int m0 = qt * kBM;
-    const elem_t* qg = static_cast<const elem_t*>(p.q) + b * p.q_stride_b + hq * p.q_stride_h;
-    const elem_t* og = static_cast<const elem_t*>(p.dout) + b * p.do_stride_b + hq * p.do_stride_h;
+    return {qt, hq, qt * kBM,
+            static_cast<const elem_t*>(p.q) + b * p.q_stride_b + hq * p.q_stride_h,
+            static_cast<const elem_t*>(p.dout) + b * p.do_stride_b + hq * p.do_stride_h};
+  };
+  // Row r's LSE and delta of step src into stage st; returns its query index.
+  auto copy_lse_delta = [&](const StepSrc& src, int st, int r) -> int {
+    const int q = q_row(src.qt, r);
+    const bool ok = q < q_len;
+    const float* l = p.lse + b * p.lse_stride_b + src.hq * p.lse_stride_h + q;
+    const float* d = p.delta + (static_cast<long long>(b) * p.num_q_heads + src.hq) * q_len + q;
+    cp_async4(sLse + (st * kBM + r) * 4, ok ? l : p.lse, ok);
+    cp_async4(sDel + (st * kBM + r) * 4, ok ? d : p.delta, ok);
+    return q;
+  };
+  auto prefetch = [&](int it, int st) {
+    const StepSrc src = step_src(it);
+    const int qt = src.qt;
     if (kBwdDrafterSort && permute) {  // whole blocks, every row below q_len
       // Rolled: a few instructions a step, against ~400 of PTX unrolled.
       auto row_of = [&](int r) { return q_row(qt, r); };
-      attn_fwd::load_tile_rows<kBM, kDQK, kThreads, kWg, true>(sQ + st * (kQB + kOB), qg,
+      attn_fwd::load_tile_rows<kBM, kDQK, kThreads, kWg, true>(sQ + st * (kQB + kOB), src.qg,
                                                                p.q_stride_s, row_of, tid);
-      attn_fwd::load_tile_rows<kBM, kDV, kThreads, kWg, true>(sQ + st * (kQB + kOB) + kQB, og,
+      attn_fwd::load_tile_rows<kBM, kDV, kThreads, kWg, true>(sQ + st * (kQB + kOB) + kQB, src.og,
                                                               p.do_stride_s, row_of, tid);
     } else {
-      load_rows<kBM, kDQK, kWg>(sQ + st * (kQB + kOB), qg, p.q_stride_s, m0, q_len, tid);
-      load_rows<kBM, kDV, kWg>(sQ + st * (kQB + kOB) + kQB, og, p.do_stride_s, m0, q_len, tid);
+      load_rows<kBM, kDQK, kWg>(sQ + st * (kQB + kOB), src.qg, p.q_stride_s, src.m0, q_len, tid);
+      load_rows<kBM, kDV, kWg>(sQ + st * (kQB + kOB) + kQB, src.og, p.do_stride_s, src.m0, q_len,
+                               tid);
     }
-    if (tid < kBM) {
-      const int q = q_row(qt, tid);
-      const bool ok = q < q_len;
-      const float* l = p.lse + b * p.lse_stride_b + hq * p.lse_stride_h + q;
-      const float* d = p.delta + (static_cast<long long>(b) * p.num_q_heads + hq) * q_len + q;
-      cp_async4(sLse + (st * kBM + tid) * 4, ok ? l : p.lse, ok);
-      cp_async4(sDel + (st * kBM + tid) * 4, ok ? d : p.delta, ok);
-    }
+    if (tid < kBM) copy_lse_delta(src, st, tid);
   };
 
   // Keys of this thread's accumulator rows and their document ids.
@@ -1447,32 +1462,25 @@ extern "C" __global__ void __launch_bounds__(kcache::AttentionBwdDkdvThreads(KC_
     for (int it = 0; it < n_items; ++it) {
       const int st = it & 1;
       if (it >= 2) attn_fwd::mbar_wait(bar_empty + 8 * st, ((it >> 1) - 1) & 1);
-      int hh, qt, cls;
-      item_of(it, hh, qt, cls);
-      const int hq = hkv * group + hh;
-      const int m0 = qt * kBM;
-      const elem_t* qg = static_cast<const elem_t*>(p.q) + b * p.q_stride_b + hq * p.q_stride_h;
-      const elem_t* og =
-          static_cast<const elem_t*>(p.dout) + b * p.do_stride_b + hq * p.do_stride_h;
+      const StepSrc src = step_src(it);
+      const int qt = src.qt;
       const unsigned qd = sQ + st * (kQB + kOB), od = qd + kQB;
+      // The copies of prefetch (above) by this warpgroup's threads.
       if (kBwdDrafterSort && permute) {
         auto row_of = [&](int r) { return q_row(qt, r); };
-        attn_fwd::load_tile_rows<kBM, kDQK, kProdThreads, kWg, true>(qd, qg, p.q_stride_s, row_of,
-                                                                     ptid);
-        attn_fwd::load_tile_rows<kBM, kDV, kProdThreads, kWg, true>(od, og, p.do_stride_s, row_of,
-                                                                    ptid);
+        attn_fwd::load_tile_rows<kBM, kDQK, kProdThreads, kWg, true>(qd, src.qg, p.q_stride_s,
+                                                                     row_of, ptid);
+        attn_fwd::load_tile_rows<kBM, kDV, kProdThreads, kWg, true>(od, src.og, p.do_stride_s,
+                                                                    row_of, ptid);
       } else {
-        attn_fwd::load_tile<kBM, kDQK, kProdThreads, kWg>(qd, qg, p.q_stride_s, m0, q_len, ptid);
-        attn_fwd::load_tile<kBM, kDV, kProdThreads, kWg>(od, og, p.do_stride_s, m0, q_len, ptid);
+        attn_fwd::load_tile<kBM, kDQK, kProdThreads, kWg>(qd, src.qg, p.q_stride_s, src.m0, q_len,
+                                                          ptid);
+        attn_fwd::load_tile<kBM, kDV, kProdThreads, kWg>(od, src.og, p.do_stride_s, src.m0, q_len,
+                                                         ptid);
       }
       if (ptid < kBM) {
-        const int q = q_row(qt, ptid);
-        const bool ok = q < q_len;
-        const float* l = p.lse + b * p.lse_stride_b + hq * p.lse_stride_h + q;
-        const float* d = p.delta + (static_cast<long long>(b) * p.num_q_heads + hq) * q_len + q;
-        cp_async4(sLse + (st * kBM + ptid) * 4, ok ? l : p.lse, ok);
-        cp_async4(sDel + (st * kBM + ptid) * 4, ok ? d : p.delta, ok);
-        if constexpr (kRowData) rowdata[st * kBM + ptid] = row_data(p, q, row_raw(p, b, hq, q));
+        const int q = copy_lse_delta(src, st, ptid);
+        if constexpr (kRowData) rowdata[st * kBM + ptid] = row_data(p, q, row_raw(p, b, src.hq, q));
       }
       attn_fwd::mbar_arrive_cp_async(bar_full + 8 * st);  // once the copies landed
       attn_fwd::mbar_arrive(bar_full + 8 * st);           // the row data (release)

@@ -140,7 +140,12 @@ constexpr bool kWgmma = false;
 // Head dim 64 runs a little slower ping-ponged (285 against 293 TFLOP/s,
 // causal B8 H32 S2048 on an H200; again 1.5 % slower after v12, session 11;
 // kernels/NOTES.md): its GEMMs are too short.
-constexpr bool kPingpong = kWgmma && kNW == 8 && kStages == 2 && kDQK >= 128;
+// The tiles as attention_tiles.h names them (smem_bytes unused here).
+constexpr AttentionTiles kTiles{kBM, kBN, kNW, kStages, 0};
+// attention_tiles.h's AttentionFwdPingpong decides, so that the launch's
+// thread count (AttentionFwdThreads) and the kernel cannot disagree.
+constexpr bool kPingpong = AttentionFwdPingpong(kTiles, KC_ARCH_SM90A != 0, kDQK, kDV);
+static_assert(!kPingpong || kWgmma, "the ping-pong runs on the wgmma path");
 // FlashAttention-4's lazy rescale: the running max moves (and O is rescaled)
 // only when a row of the warp grows by more than kRescaleSlack (log2 units);
 // otherwise exponents are taken against the stale max, at most 2^slack,
@@ -150,13 +155,9 @@ constexpr bool kPingpong = kWgmma && kNW == 8 && kStages == 2 && kDQK >= 128;
 // on the ping-pong the rescale already runs under the other warpgroup's
 // wgmma and the warp vote cost 1-2 %, so it stays exact there.
 constexpr float kRescaleSlack = kPingpong ? 0.f : 8.f;
-static_assert(kPingpong == AttentionFwdPingpong(AttentionTiles{kBM, kBN, kNW, kStages, 0},
-                                                KC_ARCH_SM90A != 0, kDQK, kDV),
-              "attention_tiles.h's AttentionFwdPingpong must name the ping-pong's tiles");
 // The ping-pong's producer warpgroup (threads kThreads .. kThreads + 127)
 // issues the K / V copies; elsewhere the compute threads do.
-constexpr int kFwdThreadsAll =
-    AttentionFwdThreads(AttentionTiles{kBM, kBN, kNW, kStages, 0}, KC_ARCH_SM90A != 0, kDQK, kDV);
+constexpr int kFwdThreadsAll = AttentionFwdThreads(kTiles, KC_ARCH_SM90A != 0, kDQK, kDV);
 constexpr int kLoadThreads = kPingpong ? kAttnFwdProducerThreads : kThreads;
 // sm_90a with 3+ stages: softmax overlaps the previous tile's P V wgmma.
 constexpr bool kOverlap = kWgmma && !kPingpong && kStages >= 3;
