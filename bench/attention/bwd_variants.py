@@ -6,7 +6,9 @@ bench_attention.py), flex_attention's forward + backward runs once (time; its gr
 are the reference), then each variant of the portable sm_90 build: its forward and whole
 backward sequence timed (median of CUDA events), each backward kernel timed alone, the
 dK/dV kernel's registers and spills, and its gradients' rel L2 against flex's (NaN-poisoned
-outputs first). Variants are sets of extra defines (kernels/attention_bwd.cuh's KC_BWD_*):
+outputs first). Flex, cuDNN and the variants are timed in ROUNDS interleaved rounds (default
+3): on an H200 the same kernel ran up to 12 % slower late in a run than early in it (the
+card's clocks under its power limit), which had favoured whatever ran first. Variants are sets of extra defines (kernels/attention_bwd.cuh's KC_BWD_*):
 
   SM90A=1 VARIANTS="wg:;fa2:KC_BWD_WGMMA=0" python3 bench/attention/bwd_variants.py none causal
 
@@ -14,7 +16,8 @@ outputs first). Variants are sets of extra defines (kernels/attention_bwd.cuh's 
 kernel once measured, issue 28; kernels/NOTES.md keeps what they showed. A new variant
 is a new define in the kernel while it is being measured.)
 
-FLEX=0 skips flex (outputs are then compared with the first variant's); BWD=0 times and
+FLEX=0 skips flex (outputs are then compared with the first variant's; FLEX_MASK_COMPILE=0
+builds flex's drafter block mask eagerly, the same mask without its compile); BWD=0 times and
 checks the forward alone; SDPA=1 adds SDPA cuDNN's time (forward, + backward unless BWD=0)
 on the dense cases and each variant's ratio to it. Cubins for every (case, variant)
 compile in parallel first (NVRTC, into .devcarry/cubins like the other kernel tools).
@@ -37,9 +40,15 @@ VARIANTS = parse_variants()
 CASES = sys.argv[1:] or ["causal", "drafter_random", "drafter_sorted"]
 FLEX = os.environ.get("FLEX", "1") == "1"
 BWD = os.environ.get("BWD", "1") == "1"
+# FLEX_MASK_COMPILE=0 builds the drafter's block mask eagerly: the same mask (only its
+# build is slower), without the ~200 s compile of create_block_mask on a fresh machine.
+FLEX_MASK_COMPILE = os.environ.get("FLEX_MASK_COMPILE", "1") == "1"
 SDPA = os.environ.get("SDPA", "0") == "1"
 # SM90A=1: sm_90a builds (wgmma forward; wgmma dK/dV unless a variant sets KC_BWD_WGMMA=0).
 SM90A = os.environ.get("SM90A", "0") == "1"
+# ROUNDS: interleaved timing rounds per case (each runner REPS launches per round; medians of
+# the round medians are reported).
+ROUNDS = int(os.environ.get("ROUNDS", "3"))
 
 
 def spec_for(case, extra):
@@ -89,7 +98,12 @@ def run_case(case):
     k = torch.randn(B, Hkv, Lkv, D, device="cuda", dtype=dt, requires_grad=True)
     v = torch.randn(B, Hkv, Lkv, D, device="cuda", dtype=dt, requires_grad=True)
     do = torch.randn(B, Hq, Lq, D, device="cuda", dtype=dt)
-    res = {"case": case}
+    key = "total" if BWD else "fwd"
+    # Everything timed for this case: (name, fn). Timed in ROUNDS interleaved rounds, each
+    # runner once per round, so that a card warming up over the run (clocks falling under
+    # its power limit) slows every runner alike instead of whichever runs last.
+    timers = []
+    rows = []  # (result dict, timer names whose medians fill it)
     ref = ref_o = None
     if FLEX:
         from torch.nn.attention.flex_attention import flex_attention, create_block_mask
@@ -103,14 +117,14 @@ def run_case(case):
             def mm(b, h, qi, ki):
                 j = qi // Bk; a = anc[b, j]
                 return ((ki < S) & (ki < a)) | ((ki >= S + j * Bk) & (ki < S + (j + 1) * Bk))
-            bm = create_block_mask(mm, B, None, Lq, Lkv, device="cuda", _compile=True)
+            bm = create_block_mask(mm, B, None, Lq, Lkv, device="cuda", _compile=FLEX_MASK_COMPILE)
         def fb():
             out = flex(q, k, v, block_mask=bm, enable_gqa=Hq != Hkv)
             if BWD: out.backward(do)
             return out
         ref_o = fb().detach().clone(); torch.cuda.synchronize()
         ref = (q.grad.clone(), k.grad.clone(), v.grad.clone()) if BWD else None
-        res["flex_total" if BWD else "flex_fwd"] = round(time_ms(fb), 3)
+        timers.append(("flex", fb))
     if SDPA and mask in ("causal", "none"):
         from torch.nn.attention import sdpa_kernel, SDPBackend
         def sd():
@@ -118,8 +132,7 @@ def run_case(case):
                 out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=mask == "causal")
                 if BWD: out.backward(do)
         sd(); torch.cuda.synchronize()
-        res["cudnn_total" if BWD else "cudnn_fwd"] = round(time_ms(sd), 3)
-    print(json.dumps(res), flush=True)
+        timers.append(("cudnn", sd))
     for name, extra in VARIANTS:
         spec = spec_for(case, extra)
         cubin, log = K.compile_spec(spec)
@@ -132,32 +145,50 @@ def run_case(case):
             p.drafter_anchor = anc.data_ptr(); p.drafter_stride_b = anc.stride(0)
             p.drafter_context_len, p.drafter_num_blocks = S, N
         dq = torch.full_like(q, float("nan")); dk = torch.full_like(k, float("nan")); dv = torch.full_like(v, float("nan"))
-        fwd = lambda: kern.launch(p)
+        fwd = lambda kern=kern, p=p: kern.launch(p)
         fwd(); torch.cuda.synchronize()
         if not FLEX and ref_o is None:
             ref_o = o.clone()  # without flex, outputs are compared with the first variant's
-        o_err = rel_l2(o, ref_o)
-        if not BWD:
-            r = {"case": case, "variant": name, "ptxas": K.ptxas_summary(log), "fwd": round(time_ms(fwd), 3)}
-            r["err_o"] = round(o_err, 5)
-            if FLEX: r["ratio"] = round(res["flex_fwd"] / r["fwd"], 3)
-            if "cudnn_fwd" in res: r["vs_cudnn"] = round(res["cudnn_fwd"] / r["fwd"], 3)
-            print(json.dumps(r), flush=True)
-            continue
-        bl = kern.prepare_backward(p, do, dq, dk, dv)
-        bl.run(); torch.cuda.synchronize()
-        r = {"case": case, "variant": name, "ptxas": K.ptxas_summary(log, "kcache_attn_bwd_dkdv")}
-        r["err_o"] = round(o_err, 5)
-        if ref is not None:
-            r.update(err_dq=round(rel_l2(dq, ref[0]), 5), err_dk=round(rel_l2(dk, ref[1]), 5),
-                     err_dv=round(rel_l2(dv, ref[2]), 5))
-        t_f = time_ms(fwd); t_b = time_ms(bl.run)
-        per = {}
-        for nm, grid, th, sm in bl.launches():
-            per[nm.replace("kcache_attn_bwd_", "")] = round(time_ms(lambda: kern._launch(kern.bwd[nm], grid, th, sm, bl.params)), 3)
-        r.update(fwd=round(t_f, 3), bwd=round(t_b, 3), total=round(t_f + t_b, 3), per=per)
-        if ref is not None: r["ratio"] = round(res["flex_total"] / (t_f + t_b), 3)
-        if "cudnn_total" in res: r["vs_cudnn"] = round(res["cudnn_total"] / (t_f + t_b), 3)
+        r = {"case": case, "variant": name}
+        r["ptxas"] = K.ptxas_summary(log) if not BWD else K.ptxas_summary(log, "kcache_attn_bwd_dkdv")
+        r["err_o"] = round(rel_l2(o, ref_o), 5)
+        timers.append((name + ".fwd", fwd))
+        if BWD:
+            bl = kern.prepare_backward(p, do, dq, dk, dv)
+            bl.run(); torch.cuda.synchronize()
+            if ref is not None:
+                r.update(err_dq=round(rel_l2(dq, ref[0]), 5), err_dk=round(rel_l2(dk, ref[1]), 5),
+                         err_dv=round(rel_l2(dv, ref[2]), 5))
+            timers.append((name + ".bwd", bl.run))
+            per = {}
+            for nm, grid, th, sm in bl.launches():
+                per[nm.replace("kcache_attn_bwd_", "")] = round(time_ms(lambda kern=kern, nm=nm, grid=grid, th=th, sm=sm, bl=bl: kern._launch(kern.bwd[nm], grid, th, sm, bl.params)), 3)
+            r["per"] = per
+        rows.append(r)
+    rounds = {nm: [] for nm, _ in timers}
+    for _ in range(ROUNDS):
+        for nm, fn in timers:
+            rounds[nm].append(time_ms(fn))
+    med = {nm: statistics.median(ts) for nm, ts in rounds.items()}
+    res = {"case": case, "rounds": ROUNDS}
+    if "flex" in med: res["flex_" + key] = round(med["flex"], 3)
+    if "cudnn" in med: res["cudnn_" + key] = round(med["cudnn"], 3)
+    for nm in ("flex", "cudnn"):
+        if nm in rounds: res[nm + "_rounds"] = [round(t, 3) for t in rounds[nm]]
+    print(json.dumps(res), flush=True)
+    for r in rows:
+        name = r["variant"]
+        t_f = med[name + ".fwd"]
+        r["fwd"] = round(t_f, 3)
+        total = t_f
+        if BWD:
+            t_b = med[name + ".bwd"]
+            total = t_f + t_b
+            r.update(bwd=round(t_b, 3), total=round(total, 3))
+        r["rounds"] = [round(a + (b if BWD else 0.0), 3) for a, b in
+                       zip(rounds[name + ".fwd"], rounds[name + ".bwd"] if BWD else rounds[name + ".fwd"])]
+        if "flex" in med: r["ratio"] = round(med["flex"] / total, 3)
+        if "cudnn" in med: r["vs_cudnn"] = round(med["cudnn"] / total, 3)
         print(json.dumps(r), flush=True)
 
 

@@ -3,7 +3,8 @@
   ncu --clock-control none --set full -k regex:kcache_attn_fwd --launch-skip 2 \
       --launch-count 1 -o OUT python3 bench/attention/profile_fwd.py causal_d128
 
-Cases: causal_d128, none_d128 (B4 H32 S4096, the dense benchmark shapes) and the
+Cases: causal_d128, none_d128 (B4 H32 S4096, the dense benchmark shapes),
+drafter_sorted and drafter_random (the drafter training shape of bwd_variants.py) and the
 expression masks of bench_attention.py --expr (head_window_expr, neighbourhood_expr,
 drafter_expr), whose kernels are the generator's translation units. sm_90a builds;
 --backward also runs the backward sequence after each forward (its kernels' names start
@@ -21,7 +22,8 @@ import kc_attn as K  # noqa: E402
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("case", choices=("causal_d128", "none_d128", "head_window_expr",
+    ap.add_argument("case", choices=("causal_d128", "none_d128", "drafter_sorted",
+                                     "drafter_random", "head_window_expr",
                                      "neighbourhood_expr", "drafter_expr"))
     ap.add_argument("--backward", action="store_true")
     ap.add_argument("--launches", type=int, default=4)
@@ -32,14 +34,24 @@ def main():
         spec = K.generated_spec(E.load_source(args.case, "sm_90a"))
     else:
         mask = args.case.split("_")[0]
-        spec = K.make_spec("bf16", 128, 128, mask=mask, backward=True, sm90a=True)
+        spec = K.make_spec("bf16", 128, 128, mask=mask, backward=True, sm90a=True,
+                           drafter_block=16)
     cubin, _ = K.compile_spec(spec)
 
     import torch
     import bench_attention as BA
     BA.torch = torch
+    drafter = None
     if expr:
         B, Hq, Hkv, Lq, Lkv, D, bufs, _, _, _ = BA.expr_case_inputs(args.case)
+    elif mask == "drafter":
+        B, S, N, Bk = 2, 3072, 512, 16
+        g = torch.Generator(device="cuda").manual_seed(1234)
+        anc = torch.randint(1, S + 1, (B, N), device="cuda", dtype=torch.int32, generator=g)
+        if args.case == "drafter_sorted":
+            anc = torch.sort(anc, dim=1).values.contiguous()
+        B, Hq, Hkv, Lq, Lkv, D, bufs = B, 32, 8, N * Bk, S + N * Bk, 128, {}
+        drafter = (S, N, anc)
     else:
         B, Hq, Hkv, Lq, Lkv, D, bufs = 4, 32, 32, 4096, 4096, 128, {}
     dt = torch.bfloat16
@@ -53,6 +65,11 @@ def main():
     p = K.make_params(q, k, v, o, lse)
     for i, t in bufs.items():
         K.set_buffer(p, i, t)
+    if drafter is not None:
+        S, N, anc = drafter
+        p.drafter_anchor = anc.data_ptr()
+        p.drafter_stride_b = anc.stride(0)
+        p.drafter_context_len, p.drafter_num_blocks = S, N
     tc = None
     if expr:
         tc = kern.new_tile_classes(p)
