@@ -53,6 +53,7 @@ using attn_fwd::elem_t;
 using attn_fwd::exp2_approx;
 using attn_fwd::imax;
 using attn_fwd::imin;
+using attn_fwd::launch_order;
 using attn_fwd::ldsm_x4;
 using attn_fwd::ldsm_x4_t;
 using attn_fwd::mma16816;
@@ -521,18 +522,6 @@ static_assert(!(kFa2 && kWg), "kFa2 and KC_BWD_WGMMA exclude each other");
 constexpr bool kDqLag = kDsBufs == 2 && !kFa2 && !kWg;
 // (batch, head) pairs per chunk of the launch order (launch_order).
 constexpr int kHeadChunk = 4;
-__device__ __forceinline__ void launch_order(int& tile, int& y, int& z, int chunk_pairs) {
-  const int nt = gridDim.x, ny = gridDim.y, nyz = gridDim.y * gridDim.z;
-  const int lin = blockIdx.x + nt * (blockIdx.y + ny * blockIdx.z);
-  const int cp = imin(chunk_pairs, nyz);
-  const int chunk = lin / (nt * cp);
-  const int in = lin - chunk * nt * cp;
-  const int csize = imin(cp, nyz - chunk * cp);
-  tile = in / csize;
-  const int yz = chunk * cp + in % csize;
-  y = yz % ny;
-  z = yz / ny;
-}
 
 // kTileCopies: the elementwise loop of a step is written as
 //   #pragma unroll

@@ -152,9 +152,10 @@ static_assert(!kPingpong || kWgmma, "the ping-pong runs on the wgmma path");
 // which fp32 sums and bf16 / fp16 P hold. m and l stay consistent, so O / l
 // and the LSE are exact either way. Measured (session 12, kernels/NOTES.md
 // s1): head dim 64 sm_90a 0.435 -> 0.415 ms, the mma.sync forward -5..-7 %;
-// on the ping-pong the rescale already runs under the other warpgroup's
-// wgmma and the warp vote cost 1-2 %, so it stays exact there.
-constexpr float kRescaleSlack = kPingpong ? 0.f : 8.f;
+// On the ping-pong O's rescale follows P V's wait, on a warpgroup's own
+// chain: lazy there took the no-mask forward -3..-4 % (two runs, session
+// 21), but moved the others by -3..+6 % from run to run, so only no mask.
+constexpr float kRescaleSlack = !kPingpong || KC_MASK == KC_MASK_NONE ? 8.f : 0.f;
 // The ping-pong's producer warpgroup (threads kThreads .. kThreads + 127)
 // issues the K / V copies; elsewhere the compute threads do.
 constexpr int kFwdThreadsAll = AttentionFwdThreads(kTiles, KC_ARCH_SM90A != 0, kDQK, kDV);
@@ -536,6 +537,29 @@ __device__ __forceinline__ void load_tile_rows(unsigned sdst, const elem_t* g, l
 __device__ __forceinline__ int imin(int a, int b) { return a < b ? a : b; }
 __device__ __forceinline__ int imax(int a, int b) { return a > b ? a : b; }
 
+// Launch order of a (tile, y, z) grid: CTAs of chunk_pairs (y, z) pairs at
+// a time run together, so that the K / V (forward) or Q / dO / dQ (dK/dV)
+// of those pairs stay in L2, and within a chunk the tile index varies
+// slowest, so that the chunk's tile 0 of every pair starts first (callers
+// map tile 0 to their heaviest tile). The list scheduling this gives is
+// near longest-first.
+__device__ __forceinline__ void launch_order(int& tile, int& y, int& z, int chunk_pairs) {
+  const int nt = gridDim.x, ny = gridDim.y, nyz = gridDim.y * gridDim.z;
+  const int lin = blockIdx.x + nt * (blockIdx.y + ny * blockIdx.z);
+  const int cp = imin(chunk_pairs, nyz);
+  const int chunk = lin / (nt * cp);
+  const int in = lin - chunk * nt * cp;
+  const int csize = imin(cp, nyz - chunk * cp);
+  tile = in / csize;
+  const int yz = chunk * cp + in % csize;
+  y = yz % ny;
+  z = yz / ny;
+}
+// (batch, head) pairs per chunk of the forward's launch order: four query
+// heads share a key / value head under the drafter's GQA (8 gave the same
+// times, 2 none of the gain; session 21).
+constexpr int kFwdHeadChunk = 4;
+
 #if KC_MASK == KC_MASK_DRAFTER
 // Batch row b's nb drafter blocks in ascending order of (sort anchor, block
 // index): order[rank] = block, by THREADS threads, unless they are in order
@@ -690,10 +714,14 @@ extern "C" __global__ void __launch_bounds__(kcache::attn_fwd::kFwdThreadsAll)
   const int lane = tid & 31;
   const int g = lane >> 2;  // row within an m16 tile (and +8)
   const int t4 = lane & 3;  // column pair within an n8 tile
-  // Heavy query tiles (the last ones, under causal masks) start first.
-  const int mtile = gridDim.x - 1 - blockIdx.x;
-  const int h = blockIdx.y;
-  const int b = blockIdx.z;
+  // Heavy query tiles (the last ones, under causal masks and for sorted
+  // drafter anchors) start first, four (batch, head) pairs at a time
+  // (launch_order). Measured (H200, kernels/NOTES.md, session 21): causal
+  // B4 H32 S4096 D128 -2 % against each pair's tiles in turn, whose last
+  // heavy tiles started late.
+  int mtile, h, b;
+  launch_order(mtile, h, b, kFwdHeadChunk);
+  mtile = gridDim.x - 1 - mtile;
   const int m0 = mtile * kBM;
   const int q_len = p.q_len;
   const int kv_len = p.kv_len;
@@ -1102,30 +1130,6 @@ extern "C" __global__ void __launch_bounds__(kcache::attn_fwd::kFwdThreadsAll)
   // sees the tile (mma.sync skips it; wgmma, collective over the warpgroup,
   // takes part in the MMAs but skips the softmax and adds P = 0), 2 when all
   // see all of it.
-  // kOwnGather: the gathered own tile's bits (block-diagonal; rows past
-  // q_len and dropped blocks have z == w). Once per CTA: a rolled loop.
-  auto own_tile_bits = [&](unsigned(&vbits)[kVW]) {
-#if KC_MASK == KC_MASK_DRAFTER
-    constexpr int kBlk = KC_DRAFTER_BLOCK;
-#pragma unroll
-    for (int w = 0; w < kVW; ++w) {
-      unsigned bits = 0u;
-#pragma unroll 1
-      for (int i = 0; i < 32 && w * 32 + i < kElems; ++i) {
-        const int bit = w * 32 + i;  // (mt * kNT + nt) * 4 + hh * 2 + c
-        const int col = ((bit >> 2) % kNT) * 8 + 2 * t4 + (bit & 1);
-        const int row = warp * kWM + ((bit >> 2) / kNT) * 16 + g + ((bit >> 1) & 1) * 8;
-        const int4 rd = rowdata[row];
-        const bool vis = col / kBlk == row / kBlk && rd.z < rd.w && rd.z + col % kBlk < kv_len &&
-                         (!KC_DRAFTER_CAUSAL || col % kBlk <= row % kBlk);
-        bits |= (vis ? 1u : 0u) << i;
-      }
-      vbits[w] = bits;
-    }
-#else
-    (void)vbits;
-#endif
-  };
 
   // Keys a real tile may show: with the own keys gathered, those past the
   // context are the own tile's alone (a tile straddling the context's end
@@ -1146,7 +1150,12 @@ extern "C" __global__ void __launch_bounds__(kcache::attn_fwd::kFwdThreadsAll)
   constexpr bool kSpans = kNT % 8 == 0 && kNT < 32 &&
                           (KC_MASK == KC_MASK_DRAFTER || KC_MASK == KC_MASK_CAUSAL ||
                            KC_MASK == KC_MASK_SLIDING_WINDOW);
-  auto span_bits = [&](int n0, unsigned(&vbits)[kVW]) {
+  static_assert(!kOwnGather || kSpans, "the gathered own tile's bits are spans");
+  // own: the gathered own tile (kOwnGather), whose row r sees one run of
+  // columns, those of its own block: from (r / kBlk) kBlk, kBlk of them
+  // (causal: r % kBlk + 1), none for dropped blocks and rows past q_len
+  // (z == w), and only keys below kv_len (own key z + column % kBlk).
+  auto span_bits = [&](int n0, unsigned(&vbits)[kVW], bool own) {
     // n8 tiles nt in [0, kNT) with lo <= base + 8 nt < hi, as bits. The
     // bounds are clamped to the tile's columns before any subtraction, so
     // that no length the contract allows (int32) overflows.
@@ -1160,7 +1169,15 @@ extern "C" __global__ void __launch_bounds__(kcache::attn_fwd::kFwdThreadsAll)
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
 #if KC_MASK == KC_MASK_DRAFTER
-        const int4 iv = rowdata[warp * kWM + mt * 16 + g + hh * 8];
+        const int r = warp * kWM + mt * 16 + g + hh * 8;
+        int4 iv = rowdata[r];
+        if (kOwnGather && own) {
+          constexpr int kBlk = KC_DRAFTER_BLOCK;
+          const int lo = r - r % kBlk;
+          int len = iv.z < iv.w ? (KC_DRAFTER_CAUSAL ? r % kBlk + 1 : kBlk) : 0;
+          len = imin(len, imax(0, kv_len - iv.z));
+          iv = make_int4(lo, lo + len, 0, 0);
+        }
 #elif KC_MASK == KC_MASK_CAUSAL || KC_MASK == KC_MASK_SLIDING_WINDOW
         // kv - (q + off) within [-left, right]; no bound: the int range.
         const int q = row_base + mt * 16 + hh * 8;
@@ -1172,8 +1189,8 @@ extern "C" __global__ void __launch_bounds__(kcache::attn_fwd::kFwdThreadsAll)
 #pragma unroll
         for (int c = 0; c < 2; ++c) {
           const int base = n0 + 2 * t4 + c;
-          const unsigned m =
-              (run(base, iv.x, iv.y) | run(base, iv.z, iv.w)) & run(base, base, kv_end);
+          const unsigned m = (run(base, iv.x, iv.y) | run(base, iv.z, iv.w)) &
+                             run(base, base, kOwnGather && own ? base + 8 * kNT : kv_end);
 #pragma unroll
           for (int w8 = 0; w8 < kNT / 8; ++w8) {
             // 8 bits -> bits 0, 4, ..., 28.
@@ -1190,10 +1207,9 @@ extern "C" __global__ void __launch_bounds__(kcache::attn_fwd::kFwdThreadsAll)
   auto visibility = [&](int n0, unsigned(&vbits)[kVW]) -> int {
 #pragma unroll
     for (int w = 0; w < kVW; ++w) vbits[w] = 0u;
-    if (kOwnGather && gather && n0 == kOwnTile * kBN) {
-      own_tile_bits(vbits);
-    } else if (kSpans) {
-      span_bits(n0, vbits);
+    if (kSpans) {
+      const bool own = kOwnGather && gather && n0 == kOwnTile * kBN;
+      span_bits(own ? 0 : n0, vbits, own);
     } else {
       // Row data of this thread's rows (list masks that need it).
 #if KC_MASK_ROW_DATA
