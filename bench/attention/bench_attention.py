@@ -17,7 +17,11 @@ TFLOP/s with 3.5x the forward's FLOP; our O/dQ/dK/dV checked against flex's
 (else SDPA FA2's) output and gradients. Variants: plain sm_90 and sm_90a
 defaults, and sm_90a with the deterministic dQ.
 
-  python3 bench/attention/bench_attention.py [--no-flex] [--json FILE] [--only CASES]
+Each case's runners (SDPA, flex, kcache variants) are timed in --rounds interleaved rounds
+(default 3; time_rounds), so that the card's clocks falling as a run goes on do not favour
+whichever ran first.
+
+  python3 bench/attention/bench_attention.py [--no-flex] [--json FILE] [--only CASES] [--rounds N]
   python3 bench/attention/bench_attention.py --backward [--json FILE]
   python3 bench/attention/bench_attention.py --precompile [--backward]   # CPU: NVRTC only
 """
@@ -49,6 +53,32 @@ def time_ms(fn, warmup=5, rep=25):
         evs.append((s, e))
     torch.cuda.synchronize()
     return statistics.median(s.elapsed_time(e) for s, e in evs)
+
+
+ROUNDS = 3  # --rounds
+
+
+def time_rounds(timers):
+    """key -> time of each (key, fn) in timers: ROUNDS interleaved rounds, each timing every
+    fn once (time_ms), and the median of a key's round medians. Timed one after the other
+    instead, the same kernel ran up to 12 % slower late in a run than early in it on an
+    H200 (its clocks fall under the power limit as it warms), which favours whatever is
+    timed first (kernels/NOTES.md, session 21)."""
+    per = {key: [] for key, _ in timers}
+    for _ in range(ROUNDS):
+        for key, fn in timers:
+            per[key].append(time_ms(fn))
+    return {key: statistics.median(ts) for key, ts in per.items()}
+
+
+def in_backend(fn, backend):
+    """fn under torch's SDPA backend `backend`."""
+    from torch.nn.attention import sdpa_kernel
+
+    def run():
+        with sdpa_kernel(backend):
+            return fn()
+    return run
 
 
 def rel_err(a, b):
@@ -159,6 +189,7 @@ def run_case(name, B, Hq, Hkv, Lq, Lkv, D, mask, args, rows, drafter=None):
     res["flop"] = flops
 
     ref = None
+    timers = []  # (key, fn), timed together at the end (time_rounds)
     if mask in ("causal", "none"):
         from torch.nn.attention import sdpa_kernel, SDPBackend
         with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
@@ -167,10 +198,10 @@ def run_case(name, B, Hq, Hkv, Lq, Lkv, D, mask, args, rows, drafter=None):
         for label, be in (("sdpa_fa2", SDPBackend.FLASH_ATTENTION),
                           ("sdpa_cudnn", SDPBackend.CUDNN_ATTENTION)):
             try:
-                with sdpa_kernel(be):
-                    f = lambda: torch.nn.functional.scaled_dot_product_attention(  # noqa: E731
-                        q, k, v, is_causal=mask == "causal")
-                    res[label] = time_ms(f)
+                f = in_backend(lambda: torch.nn.functional.scaled_dot_product_attention(
+                    q, k, v, is_causal=mask == "causal"), be)
+                f()
+                timers.append((label, f))
             except Exception as e:  # a backend may refuse a shape
                 res[label + "_error"] = str(e)[:200]
 
@@ -181,7 +212,7 @@ def run_case(name, B, Hq, Hkv, Lq, Lkv, D, mask, args, rows, drafter=None):
             bm = flex_block_mask(mask, B, Lq, Lkv, drafter, res, args.flex_mask == "compiled")
             gqa = Hq != Hkv
             fo = flex(q, k, v, block_mask=bm, enable_gqa=gqa)
-            res["flex"] = time_ms(lambda: flex(q, k, v, block_mask=bm, enable_gqa=gqa))
+            timers.append(("flex", lambda: flex(q, k, v, block_mask=bm, enable_gqa=gqa)))
             if ref is None:
                 ref = fo
             else:
@@ -218,11 +249,16 @@ def run_case(name, B, Hq, Hkv, Lq, Lkv, D, mask, args, rows, drafter=None):
             fn()
             torch.cuda.synchronize()
             err = rel_err(o, ref) if ref is not None else float("nan")
-            t = time_ms(fn)
-            kc[tag] = dict(ms=t, tflops=flops / t / 1e9, err=err, ptxas=r.ptxas,
-                           tiles="%d_%d_%d_%d" % tiles)
+            timers.append((("kcache", tag), fn))
+            kc[tag] = dict(err=err, ptxas=r.ptxas, tiles="%d_%d_%d_%d" % tiles)
         except Exception as e:
             kc[tag] = dict(error=str(e)[:300])
+    for key, t in time_rounds(timers).items():
+        if isinstance(key, tuple):
+            kc[key[1]].update(ms=t, tflops=flops / t / 1e9)
+        else:
+            res[key] = t
+    res["rounds"] = ROUNDS
     res["kcache"] = kc
     rows.append(res)
     print(json.dumps(res), flush=True)
@@ -244,7 +280,7 @@ def run_case_bwd(name, B, Hq, Hkv, Lq, Lkv, D, mask, args, rows, drafter=None):
     """Forward + backward: kcache (forward, then every launch of the backward sequence)
     beside flex_attention and SDPA FA2 / cuDNN through autograd. Our dQ/dK/dV are checked
     against flex's (else FA2's) gradients."""
-    from torch.nn.attention import sdpa_kernel, SDPBackend
+    from torch.nn.attention import SDPBackend
     dt = torch.bfloat16
     torch.manual_seed(0)
     q = torch.randn(B, Hq, Lq, D, device="cuda", dtype=dt)
@@ -257,16 +293,17 @@ def run_case_bwd(name, B, Hq, Hkv, Lq, Lkv, D, mask, args, rows, drafter=None):
     res["density"] = pairs / (Lq * Lkv)
     res["flop"] = flops
     ref, ref_name = None, None  # (O, dQ, dK, dV)
+    timers = []  # (key, fn), timed together at the end (time_rounds)
 
     if mask in ("causal", "none") and Hq == Hkv:
         for label, be in (("sdpa_fa2", SDPBackend.FLASH_ATTENTION),
                           ("sdpa_cudnn", SDPBackend.CUDNN_ATTENTION)):
             try:
-                with sdpa_kernel(be):
-                    f = fwd_bwd(lambda a, b_, c_: torch.nn.functional.scaled_dot_product_attention(
-                        a, b_, c_, is_causal=mask == "causal"), q, k, v, dout)
-                    out = f()
-                    res[label] = time_ms(f)
+                sdpa = torch.nn.functional.scaled_dot_product_attention
+                f = in_backend(fwd_bwd(lambda a, b_, c_: sdpa(a, b_, c_, is_causal=mask == "causal"),
+                                       q, k, v, dout), be)
+                out = f()
+                timers.append((label, f))
                 if label == "sdpa_fa2":
                     ref, ref_name = out, "sdpa_fa2"
                 del out
@@ -282,7 +319,7 @@ def run_case_bwd(name, B, Hq, Hkv, Lq, Lkv, D, mask, args, rows, drafter=None):
             f = fwd_bwd(lambda a, b_, c_: flex(a, b_, c_, block_mask=bm, enable_gqa=gqa),
                         q, k, v, dout)
             out = f()
-            res["flex"] = time_ms(f)
+            timers.append(("flex", f))
             if ref is not None:
                 res["flex_vs_fa2"] = [rel_err(x, y) for x, y in zip(out, ref)]
             ref, ref_name = out, "flex"
@@ -320,17 +357,25 @@ def run_case_bwd(name, B, Hq, Hkv, Lq, Lkv, D, mask, args, rows, drafter=None):
             torch.cuda.synchronize()
             errs = ([rel_err(x, y) for x, y in zip((o, dq, dk, dv), ref)] if ref is not None
                     else [float("nan")] * 4)
-            t = time_ms(fn)
-            t_bwd = time_ms(bl.run)
-            kc[tag] = dict(ms=t, tflops=flops / t / 1e9, bwd_ms=t_bwd, err_o=errs[0],
+            timers.append((("kcache", tag, "ms"), fn))
+            timers.append((("kcache", tag, "bwd_ms"), bl.run))
+            kc[tag] = dict(err_o=errs[0],
                            err_dq=errs[1], err_dk=errs[2], err_dv=errs[3],
                            tiles="%d_%d_%d_%d" % tiles, bwd_tiles="%d_%d_%d" % spec["bwd_tiles"],
                            ptxas={e: K.ptxas_summary(log, e) for e in (
                                "kcache_attn_fwd", "kcache_attn_bwd_dkdv",
                                "kcache_attn_bwd_dq" if det else "kcache_attn_bwd_dq_convert")})
-            del bl, p, kern
         except Exception as e:
             kc[tag] = dict(error=str(e)[:300])
+    for key, t in time_rounds(timers).items():
+        if isinstance(key, tuple):
+            kc[key[1]][key[2]] = t
+            if key[2] == "ms":
+                kc[key[1]]["tflops"] = flops / t / 1e9
+        else:
+            res[key] = t
+    res["rounds"] = ROUNDS
+    del timers
     res["kcache"] = kc
     rows.append(res)
     print(json.dumps(res), flush=True)
@@ -639,6 +684,8 @@ def main():
                     help="how flex's drafter block mask is built: compiled (the per-step "
                     "figure trainers would see; its first compile takes minutes) or eager "
                     "(same mask, so the same flex kernel times, without that compile)")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="interleaved timing rounds per case (time_rounds)")
     ap.add_argument("--expr", action="store_true",
                     help="the expression-mask cases (issue 28): drafter_expr, drafter_expr_random, "
                     "neighbourhood_expr, head_window_expr (or --only)")
@@ -646,7 +693,10 @@ def main():
     if args.define and any("=" not in d for defs in args.define.split(";")
                            for d in defs.split(",") if d):
         ap.error("--define: each define is NAME=VALUE (sets separated by ';', defines by ',')")
-    global torch
+    global torch, ROUNDS
+    if args.rounds < 1:
+        ap.error("--rounds must be at least 1")
+    ROUNDS = args.rounds
     if args.expr:
         import torch as _t
         torch = _t
