@@ -1125,12 +1125,6 @@ extern "C" __global__ void __launch_bounds__(kcache::attn_fwd::kFwdThreadsAll)
     }
   };
 
-  // Visibility of a partial tile, per element, before any MMA: bits of this
-  // thread's elements. Returns the warp's class: 0 when none of its rows
-  // sees the tile (mma.sync skips it; wgmma, collective over the warpgroup,
-  // takes part in the MMAs but skips the softmax and adds P = 0), 2 when all
-  // see all of it.
-
   // Keys a real tile may show: with the own keys gathered, those past the
   // context are the own tile's alone (a tile straddling the context's end
   // would count them twice).
@@ -1204,6 +1198,11 @@ extern "C" __global__ void __launch_bounds__(kcache::attn_fwd::kFwdThreadsAll)
       }
     }
   };
+  // Visibility of a partial tile, per element, before any MMA: bits of this
+  // thread's elements. Returns the warp's class: 0 when none of its rows
+  // sees the tile (mma.sync skips it; wgmma, collective over the warpgroup,
+  // takes part in the MMAs but skips the softmax and adds P = 0), 2 when all
+  // see all of it.
   auto visibility = [&](int n0, unsigned(&vbits)[kVW]) -> int {
 #pragma unroll
     for (int w = 0; w < kVW; ++w) vbits[w] = 0u;

@@ -8,7 +8,8 @@ backward sequence timed (median of CUDA events), each backward kernel timed alon
 dK/dV kernel's registers and spills, and its gradients' rel L2 against flex's (NaN-poisoned
 outputs first). Flex, cuDNN and the variants are timed in ROUNDS interleaved rounds (default
 3): on an H200 the same kernel ran up to 12 % slower late in a run than early in it (the
-card's clocks under its power limit), which had favoured whatever ran first. Variants are sets of extra defines (kernels/attention_bwd.cuh's KC_BWD_*):
+card's clocks under its power limit), which had favoured whatever ran first. Variants are
+sets of extra defines (kernels/attention_bwd.cuh's KC_BWD_*):
 
   SM90A=1 VARIANTS="wg:;fa2:KC_BWD_WGMMA=0" python3 bench/attention/bwd_variants.py none causal
 
@@ -103,7 +104,7 @@ def run_case(case):
     # runner once per round, so that a card warming up over the run (clocks falling under
     # its power limit) slows every runner alike instead of whichever runs last.
     timers = []
-    rows = []  # (result dict, timer names whose medians fill it)
+    rows = []  # each variant's result, its times filled in after the rounds
     ref = ref_o = None
     if FLEX:
         from torch.nn.attention.flex_attention import flex_attention, create_block_mask
