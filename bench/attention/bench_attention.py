@@ -58,17 +58,23 @@ def time_ms(fn, warmup=5, rep=25):
 ROUNDS = 3  # --rounds
 
 
-def time_rounds(timers):
-    """key -> time of each (key, fn) in timers: ROUNDS interleaved rounds, each timing every
-    fn once (time_ms), and the median of a key's round medians. Timed one after the other
-    instead, the same kernel ran up to 12 % slower late in a run than early in it on an
-    H200 (its clocks fall under the power limit as it warms), which favours whatever is
-    timed first (kernels/NOTES.md, session 21)."""
+def round_times(timers, rounds, timer=None):
+    """key -> [time of each round] for each (key, fn) in timers: `rounds` interleaved rounds,
+    each timing every fn once (timer, default time_ms). Timed one after the other instead,
+    the same kernel ran up to 12 % slower late in a run than early in it on an H200 (its
+    clocks fall under the power limit as it warms), which favours whatever is timed first
+    (kernels/NOTES.md, session 21)."""
+    timer = timer or time_ms
     per = {key: [] for key, _ in timers}
-    for _ in range(ROUNDS):
+    for _ in range(rounds):
         for key, fn in timers:
-            per[key].append(time_ms(fn))
-    return {key: statistics.median(ts) for key, ts in per.items()}
+            per[key].append(timer(fn))
+    return per
+
+
+def time_rounds(timers):
+    """key -> the median of its round medians over ROUNDS rounds (round_times)."""
+    return {key: statistics.median(ts) for key, ts in round_times(timers, ROUNDS).items()}
 
 
 def in_backend(fn, backend):

@@ -64,6 +64,7 @@ for (r, err) in K.compile_many(specs, jobs=16):
     if err: print("COMPILE ERROR", err[-3000:], flush=True)
 
 import torch
+import bench_attention as BA  # noqa: E402 (round_times: the interleaved rounds)
 
 
 def time_ms(fn, warmup=int(os.environ.get("WARMUP", "3")), rep=int(os.environ.get("REPS", "20"))):
@@ -166,10 +167,7 @@ def run_case(case):
                 per[nm.replace("kcache_attn_bwd_", "")] = round(time_ms(lambda kern=kern, nm=nm, grid=grid, th=th, sm=sm, bl=bl: kern._launch(kern.bwd[nm], grid, th, sm, bl.params)), 3)
             r["per"] = per
         rows.append(r)
-    rounds = {nm: [] for nm, _ in timers}
-    for _ in range(ROUNDS):
-        for nm, fn in timers:
-            rounds[nm].append(time_ms(fn))
+    rounds = BA.round_times(timers, ROUNDS, time_ms)
     med = {nm: statistics.median(ts) for nm, ts in rounds.items()}
     res = {"case": case, "rounds": ROUNDS}
     if "flex" in med: res["flex_" + key] = round(med["flex"], 3)
