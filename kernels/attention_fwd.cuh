@@ -171,6 +171,20 @@ constexpr bool kQInRegs =
 constexpr bool kListMask =
     KC_MASK == KC_MASK_DOCUMENT || KC_MASK == KC_MASK_DRAFTER || KC_MASK == KC_MASK_EXPR;
 
+// KC_FWD_PERSISTENT (an experiment, off until measured; kernels/NOTES.md,
+// session 22): on the ping-pong with an analytic mask, a CTA walks items
+// (query tile, head, batch) of the launch order strided by the grid's size.
+// The next item's first K / V (the producer) and Q (each warpgroup its own
+// rows, once its last S is done) are copied while the current item's last
+// P V and epilogue run, which otherwise each CTA's start pays. Any grid
+// works: the contract's gives one item per CTA; a launcher that knows the
+// SM count launches one per SM. Static striding, not the hardware's
+// dynamic order: a model put causal B4 H32 S4096's imbalance at ~3 %.
+#ifndef KC_FWD_PERSISTENT
+#define KC_FWD_PERSISTENT 0
+#endif
+constexpr bool kPersist = KC_FWD_PERSISTENT && kPingpong && !kListMask;
+
 // Drafter mask: query tiles hold drafter blocks sorted by anchor. A tile of
 // consecutive blocks with unrelated (random) anchors computes every key tile
 // below its largest anchor (E[max of 8 uniform] = 8/9 of the context against
@@ -213,6 +227,14 @@ constexpr int kSortCap = kSortRoom / 8 < 65535 ? kSortRoom / 8 : 65535;
 // training shape).
 constexpr bool kOwnGather = kDrafterSort && kBM == kBN;
 constexpr int kOwnTile = 0x3fff;  // tile-list index of the gathered tile
+// KC_FWD_OWN_FIRST (an experiment, off until measured; kernels/NOTES.md,
+// session 22): the gathered tile first in the walk instead of last, where
+// its slower copy (rows from kBM / kBlk places, a rolled loop) may be what
+// the random drafter's last tile exposes.
+#ifndef KC_FWD_OWN_FIRST
+#define KC_FWD_OWN_FIRST 0
+#endif
+constexpr bool kOwnFirst = kOwnGather && KC_FWD_OWN_FIRST;
 
 // ---------------------------------------------------------------------------
 // PTX wrappers
@@ -448,8 +470,9 @@ __device__ __forceinline__ unsigned long long smem_desc(unsigned addr, unsigned 
 // r * 2D + ((c ^ (r & 7)) * 16) for ldmatrix, or in wgmma's canonical
 // 128-byte-swizzled K-major layout. Rows at or past `len` are zero-filled.
 // THREADS threads (tid in [0, THREADS)) share the copy; the backward passes
-// its own count and the ldmatrix layout.
-template <int ROWS, int D, int THREADS = kThreads, bool WGMMA = kWgmma>
+// its own count and the ldmatrix layout. BLOCK_ROWS: rows of the wgmma
+// layout's 64-column blocks (a copy of some rows of a taller tile).
+template <int ROWS, int D, int THREADS = kThreads, bool WGMMA = kWgmma, int BLOCK_ROWS = ROWS>
 __device__ __forceinline__ void load_tile(unsigned sdst, const elem_t* g, long long stride,
                                           int row0, int len, int tid) {
   constexpr int kChunks = D / 8;
@@ -471,7 +494,7 @@ __device__ __forceinline__ void load_tile(unsigned sdst, const elem_t* g, long l
       const int c = tid % kChunks;
       const int r0 = tid / kChunks;
       const unsigned d0 =
-          WGMMA ? sdst + (c >> 3) * (ROWS * 128) + r0 * 128 + (((c & 7) ^ (r0 & 7)) << 4)
+          WGMMA ? sdst + (c >> 3) * (BLOCK_ROWS * 128) + r0 * 128 + (((c & 7) ^ (r0 & 7)) << 4)
                 : sdst + r0 * (D * 2) + ((c ^ (r0 & 7)) << 4);
       const elem_t* src = g + (long long)(row0 + r0) * stride + c * 8;
       const long long step = (long long)kPass * stride;
@@ -494,8 +517,9 @@ __device__ __forceinline__ void load_tile(unsigned sdst, const elem_t* g, long l
     const bool ok = row0 + r < len;
     const elem_t* src = ok ? g + (long long)(row0 + r) * stride + c * 8 : g;
     if constexpr (WGMMA) {
-      // [D / 64][ROWS][64]: 128-byte rows, chunk (c % 8) ^ (r % 8) (Swizzle<3,4,3>).
-      cp_async16(sdst + (c >> 3) * (ROWS * 128) + r * 128 + (((c & 7) ^ (r & 7)) << 4), src, ok);
+      // [D / 64][BLOCK_ROWS][64]: 128-byte rows, chunk (c % 8) ^ (r % 8) (Swizzle<3,4,3>).
+      cp_async16(sdst + (c >> 3) * (BLOCK_ROWS * 128) + r * 128 + (((c & 7) ^ (r & 7)) << 4), src,
+                 ok);
     } else {
       cp_async16(sdst + r * (D * 2) + ((c ^ (r & 7)) << 4), src, ok);
     }
@@ -543,9 +567,9 @@ __device__ __forceinline__ int imax(int a, int b) { return a > b ? a : b; }
 // slowest, so that the chunk's tile 0 of every pair starts first (callers
 // map tile 0 to their heaviest tile). The list scheduling this gives is
 // near longest-first.
-__device__ __forceinline__ void launch_order(int& tile, int& y, int& z, int chunk_pairs) {
-  const int nt = gridDim.x, ny = gridDim.y, nyz = gridDim.y * gridDim.z;
-  const int lin = blockIdx.x + nt * (blockIdx.y + ny * blockIdx.z);
+// launch_order_at: item `lin` of an (nt, ny, nyz / ny) grid in that order.
+__device__ __forceinline__ void launch_order_at(int lin, int nt, int ny, int nyz, int& tile, int& y,
+                                                int& z, int chunk_pairs) {
   const int cp = imin(chunk_pairs, nyz);
   const int chunk = lin / (nt * cp);
   const int in = lin - chunk * nt * cp;
@@ -554,6 +578,11 @@ __device__ __forceinline__ void launch_order(int& tile, int& y, int& z, int chun
   const int yz = chunk * cp + in % csize;
   y = yz % ny;
   z = yz / ny;
+}
+__device__ __forceinline__ void launch_order(int& tile, int& y, int& z, int chunk_pairs) {
+  const int nt = gridDim.x, ny = gridDim.y, nyz = gridDim.y * gridDim.z;
+  const int lin = blockIdx.x + nt * (blockIdx.y + ny * blockIdx.z);
+  launch_order_at(lin, nt, ny, nyz, tile, y, z, chunk_pairs);
 }
 // (batch, head) pairs per chunk of the forward's launch order: four query
 // heads share a key / value head under the drafter's GQA (8 gave the same
@@ -719,20 +748,41 @@ extern "C" __global__ void __launch_bounds__(kcache::attn_fwd::kFwdThreadsAll)
   // (launch_order). Measured (H200, kernels/NOTES.md, session 21): causal
   // B4 H32 S4096 D128 -2 % against each pair's tiles in turn, whose last
   // heavy tiles started late.
+  // The item (query tile, head, batch) this CTA computes; kPersist: items
+  // `item`, `item` + n_workers, ... (each pass of the walk below sets these).
   int mtile, h, b;
-  launch_order(mtile, h, b, kFwdHeadChunk);
-  mtile = gridDim.x - 1 - mtile;
-  const int m0 = mtile * kBM;
+  int m0, mlast, hkv;  // first row, last valid row, K / V head
+  const elem_t* qg;
+  const elem_t* kg;
+  const elem_t* vg;
+  const int n_item_tiles = (p.q_len + kBM - 1) / kBM;
+  const int n_items = n_item_tiles * p.num_q_heads * p.batch;
+  const int n_workers = gridDim.x * gridDim.y * gridDim.z;
+  int item = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+  (void)n_items;
+  (void)n_workers;
+  auto set_item = [&]() {
+    if constexpr (kPersist) {
+      launch_order_at(item, n_item_tiles, p.num_q_heads, p.num_q_heads * p.batch, mtile, h, b,
+                      kFwdHeadChunk);
+      mtile = n_item_tiles - 1 - mtile;
+    } else {
+      launch_order(mtile, h, b, kFwdHeadChunk);
+      mtile = gridDim.x - 1 - mtile;
+    }
+    m0 = mtile * kBM;
+    hkv = h / (p.num_q_heads / p.num_kv_heads);
+    mlast = imin(m0 + kBM, p.q_len) - 1;
+    qg = static_cast<const elem_t*>(p.q) + b * p.q_stride_b + h * p.q_stride_h;
+    kg = static_cast<const elem_t*>(p.k) + b * p.k_stride_b + hkv * p.k_stride_h;
+    vg = static_cast<const elem_t*>(p.v) + b * p.v_stride_b + hkv * p.v_stride_h;
+  };
+  if (kPersist && item >= n_items) return;  // a grid larger than the work
+  set_item();
   const int q_len = p.q_len;
   const int kv_len = p.kv_len;
-  const int hkv = h / (p.num_q_heads / p.num_kv_heads);
-  const int mlast = imin(m0 + kBM, q_len) - 1;  // last valid row of this tile
   const int n_kv_tiles = (kv_len + kBN - 1) / kBN;
   (void)n_kv_tiles;
-
-  const elem_t* qg = static_cast<const elem_t*>(p.q) + b * p.q_stride_b + h * p.q_stride_h;
-  const elem_t* kg = static_cast<const elem_t*>(p.k) + b * p.k_stride_b + hkv * p.k_stride_h;
-  const elem_t* vg = static_cast<const elem_t*>(p.v) + b * p.v_stride_b + hkv * p.v_stride_h;
 
   // wgmma's swizzle atoms need 1024-byte alignment (AttentionSmemBytes
   // reserves the slack).
@@ -809,14 +859,18 @@ extern "C" __global__ void __launch_bounds__(kcache::attn_fwd::kFwdThreadsAll)
   n_iter = n_kv_tiles;
 #elif KC_MASK == KC_MASK_CAUSAL || KC_MASK == KC_MASK_SLIDING_WINDOW
   const int off = KC_MASK_BOTTOM_RIGHT ? kv_len - q_len : 0;
-  {
+  // The item's key tiles (again for each item under kPersist).
+  auto key_range = [&]() {
+    first = 0;
+    n_iter = 0;
     const int kv_lo = kWinLeft < 0 ? 0 : imax(0, m0 + off - kWinLeft);
     const int kv_hi = kWinRight < 0 ? kv_len : imin(kv_len, mlast + off + kWinRight + 1);
     if (kv_hi > kv_lo) {
       first = kv_lo / kBN;
       n_iter = (kv_hi + kBN - 1) / kBN - first;
     }
-  }
+  };
+  key_range();
 #else
   // List masks: classify every key tile into tile_list[t] (0/1/2), then
   // compact the non-empty ones in place as (t | class << 14).
@@ -962,8 +1016,21 @@ extern "C" __global__ void __launch_bounds__(kcache::attn_fwd::kFwdThreadsAll)
         __syncwarp();
       }
       // The gathered own tile last, always partial (its room: the
-      // n_kv_tiles bound on `gather` above).
-      if (gather && lane == 0) tile_list[count] = static_cast<unsigned short>(kOwnTile | (1 << 14));
+      // n_kv_tiles bound on `gather` above). kOwnFirst: first, the key
+      // tiles moved up one (from the top, 32 at a time: a batch is read
+      // before it is written, and above the next batch's).
+      if (kOwnFirst && gather) {
+        for (int top = count; top > 0; top -= 32) {
+          const int i = top - 1 - lane;
+          const unsigned short e = i >= 0 ? tile_list[i] : 0;
+          __syncwarp();
+          if (i >= 0) tile_list[i + 1] = e;
+          __syncwarp();
+        }
+      }
+      if (gather && lane == 0) {
+        tile_list[kOwnFirst ? 0 : count] = static_cast<unsigned short>(kOwnTile | (1 << 14));
+      }
       if (gather) ++count;
       if (lane == 0) misc[0] = count;
     }
@@ -973,6 +1040,18 @@ extern "C" __global__ void __launch_bounds__(kcache::attn_fwd::kFwdThreadsAll)
     n_iter = n_kv_tiles;  // every tile, each treated as partial
   }
 #endif
+
+  // kPersist: on to this CTA's next item; false when none is left.
+  auto next_item = [&]() -> bool {
+    item += n_workers;
+    if (item >= n_items) return false;
+    set_item();
+#if KC_MASK == KC_MASK_CAUSAL || KC_MASK == KC_MASK_SLIDING_WINDOW
+    key_range();
+#endif
+    return true;
+  };
+  (void)next_item;
 
   // K and/or V (parts: 1 K, 2 V, 3 both) of key tile t into the stage at
   // (dk, dv), by kLoadThreads threads (ltid: this thread's index among them).
@@ -1015,17 +1094,26 @@ extern "C" __global__ void __launch_bounds__(kcache::attn_fwd::kFwdThreadsAll)
     if (producer) {
       asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
       const int ptid = tid_real - kThreads;
-      for (int i = 0; i < n_iter; ++i) {
-        const int st = i & 1;
-        const int t = use_list ? (tile_list[i] & 0x3fff) : first + i;
-        // K(i) after V(i - 1): a thread's kfull arrival then also means
-        // that its V(i - 1) landed (the compute loop relies on it).
-        if (i >= 2) mbar_wait(bar_kempty + 8 * st, ((i >> 1) - 1) & 1);
-        load_kv(t, sK + st * kKBytes, sV + st * kVBytes, ptid, 1);
-        mbar_arrive_cp_async(bar_kfull + 8 * st);
-        if (i >= 2) mbar_wait(bar_vempty + 8 * st, ((i >> 1) - 1) & 1);
-        load_kv(t, sK + st * kKBytes, sV + st * kVBytes, ptid, 2);
-        mbar_arrive_cp_async(bar_vfull + 8 * st);
+      // Tile gi = gbase + i of the CTA's walk sits in stage gi & 1: under
+      // kPersist the barriers' phases run on across items.
+      int gbase = 0;
+      for (;;) {
+        for (int i = 0; i < n_iter; ++i) {
+          const int gi = gbase + i;
+          const int st = gi & 1;
+          const int t = use_list ? (tile_list[i] & 0x3fff) : first + i;
+          // K(i) after V(i - 1): a thread's kfull arrival then also means
+          // that its V(i - 1) landed (the compute loop relies on it).
+          if (gi >= 2) mbar_wait(bar_kempty + 8 * st, ((gi >> 1) - 1) & 1);
+          load_kv(t, sK + st * kKBytes, sV + st * kVBytes, ptid, 1);
+          mbar_arrive_cp_async(bar_kfull + 8 * st);
+          if (gi >= 2) mbar_wait(bar_vempty + 8 * st, ((gi >> 1) - 1) & 1);
+          load_kv(t, sK + st * kKBytes, sV + st * kVBytes, ptid, 2);
+          mbar_arrive_cp_async(bar_vfull + 8 * st);
+        }
+        if (!kPersist) break;
+        gbase += n_iter;
+        if (!next_item()) break;
       }
       cp_async_wait<0>();
       return;
@@ -1072,20 +1160,24 @@ extern "C" __global__ void __launch_bounds__(kcache::attn_fwd::kFwdThreadsAll)
   float o[kMT][kDT][4];
   float m_run[kMT][2];
   float l_run[kMT][2];
+  // O, the running max and sum of an item before its first key tile.
+  auto zero_acc = [&]() {
 #pragma unroll
-  for (int mt = 0; mt < kMT; ++mt) {
+    for (int mt = 0; mt < kMT; ++mt) {
 #pragma unroll
-    for (int dt = 0; dt < kDT; ++dt) {
+      for (int dt = 0; dt < kDT; ++dt) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) o[mt][dt][e] = 0.f;
+        for (int e = 0; e < 4; ++e) o[mt][dt][e] = 0.f;
+      }
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        m_run[mt][hh] = neg_inf();
+        l_run[mt][hh] = 0.f;
+      }
     }
-#pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
-      m_run[mt][hh] = neg_inf();
-      l_run[mt][hh] = 0.f;
-    }
-  }
-  const int row_base = m0 + warp * kWM + g;  // + mt * 16 + hh * 8
+  };
+  zero_acc();
+  int row_base = m0 + warp * kWM + g;  // + mt * 16 + hh * 8
   // Query index of this thread's row (mt, hh): drafter rows may be permuted.
   auto q_of = [&](int mt, int hh) -> int {
 #if KC_MASK == KC_MASK_DRAFTER
@@ -1097,7 +1189,7 @@ extern "C" __global__ void __launch_bounds__(kcache::attn_fwd::kFwdThreadsAll)
     return row_base + mt * 16 + hh * 8;
   };
 #if KC_SCORE_MOD == KC_SCORE_ALIBI
-  const float alibi_slope = p.alibi_slopes[h];
+  float alibi_slope = p.alibi_slopes[h];
 #endif
 
   // ---- the pieces of one iteration (lambdas, inlined) ----------------------
@@ -1498,17 +1590,46 @@ extern "C" __global__ void __launch_bounds__(kcache::attn_fwd::kFwdThreadsAll)
   };
 #endif
 
+  // ---- epilogue: O = acc / l (0 where nothing was visible), LSE ----------
+  auto write_out = [&]() {
+    elem_t* og = static_cast<elem_t*>(p.o) + b * p.o_stride_b + h * p.o_stride_h;
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        float l = l_run[mt][hh];
+        l += __shfl_xor_sync(0xffffffffu, l, 1);
+        l += __shfl_xor_sync(0xffffffffu, l, 2);
+        const int q = q_of(mt, hh);
+        if (q < q_len) {
+          const float inv = l > 0.f ? 1.f / l : 0.f;
+          unsigned* orow = reinterpret_cast<unsigned*>(og + q * p.o_stride_s + 2 * t4);
+#pragma unroll
+          for (int dt = 0; dt < kDT; ++dt) {
+            orow[dt * 4] = pack2(o[mt][dt][hh * 2] * inv, o[mt][dt][hh * 2 + 1] * inv);
+          }
+#if KC_RETURN_LSE
+          if (t4 == 0 && p.lse != nullptr) {
+            p.lse[b * p.lse_stride_b + h * p.lse_stride_h + q] =
+                l > 0.f ? (m_run[mt][hh] + log2f(l)) * kLn2 : neg_inf();
+          }
+#endif
+        }
+      }
+    }
+  };
+
 #if KC_WGMMA_HEAD_DIMS
   if constexpr (kPingpong) {
     // Named barriers 1 and 2 order the warpgroups' wgmma issues: warpgroup w
     // waits on 1 + w, then lets the other go (arrive on 2 - w). Warpgroup 0
     // starts; the last arrival of warpgroup 1 is skipped so that none is
-    // left pending at exit. Named barrier 3: the compute warps alone.
+    // left pending at exit (or at the next item). Named barrier 3: the
+    // compute warps alone.
     const int wg = warp >> 2;
     cp_async_wait<0>();  // Q
     fence_proxy_async();
     named_bar_sync(3, kThreads);  // the compute warps: Q landed
-    if (n_iter > 0 && wg == 1) named_bar_arrive(1, kThreads);
     // Turn i of a warpgroup issues S of tile i and then P V of tile i - 1;
     // it waits for S alone (wgmma groups complete in order), so the softmax
     // of tile i runs under that P V, and O is rescaled once P V is waited.
@@ -1519,10 +1640,31 @@ extern "C" __global__ void __launch_bounds__(kcache::attn_fwd::kFwdThreadsAll)
     // drafter -8..-10 %, against the copies on the compute warps and a turn
     // per GEMM.
     unsigned pa_prev[kKV][4];  // P of the tile before, for the next turn's P V
+    // Tile i of the item is tile gbase + i of the CTA's walk (the producer's
+    // numbering): its stage and barrier phases.
+    int gbase = 0;
+    // kPersist: a warpgroup's S reads only its own 64 rows of Q, so once its
+    // last S of an item is done (all four warps: named barrier 4 + wg), it
+    // copies its rows of the next item's Q.
+    auto copy_next_q = [&]() {
+      const int next = item + n_workers;
+      if (next >= n_items) return;
+      int t, hn, bn;
+      launch_order_at(next, n_item_tiles, p.num_q_heads, p.num_q_heads * p.batch, t, hn, bn,
+                      kFwdHeadChunk);
+      const int row0 = (n_item_tiles - 1 - t) * kBM + wg * 64;
+      const elem_t* src = static_cast<const elem_t*>(p.q) + bn * p.q_stride_b + hn * p.q_stride_h;
+      named_bar_sync(4 + wg, 128);
+      load_tile<64, kDQK, 128, true, kBM>(sQ + wg * (64 * 128), src, p.q_stride_s, row0, q_len,
+                                          tid & 127);
+      cp_async_commit();
+    };
+    (void)copy_next_q;
     auto tile_front = [&](int i, int& n0, int& wcls, unsigned(&vbits)[kVW]) {
       // K of tile i landed, and V of tile i - 1 with it (the producer
       // issues V(i - 1) before K(i)).
-      mbar_wait(bar_kfull + 8 * (i & 1), (i >> 1) & 1);
+      const int gi = gbase + i;
+      mbar_wait(bar_kfull + 8 * (gi & 1), (gi >> 1) & 1);
       fence_proxy_async();  // the producer's cp.async writes -> this thread's wgmma
       int tile, cls;
       tile_of(i, tile, cls);
@@ -1532,65 +1674,87 @@ extern "C" __global__ void __launch_bounds__(kcache::attn_fwd::kFwdThreadsAll)
     // S waited: K of tile i is free.
     auto release_k = [&](int i) {
       __syncwarp();
-      if (lane == 0) mbar_arrive(bar_kempty + 8 * (i & 1));
+      if (lane == 0) mbar_arrive(bar_kempty + 8 * ((gbase + i) & 1));
     };
-    if (n_iter > 0) {
-      int n0, wcls;
-      unsigned vbits[kVW];
-      tile_front(0, n0, wcls, vbits);
-      float s[kMT][kNT][4];
-      float alpha[kMT][2];
-      named_bar_sync(1 + wg, kThreads);
-      qk_wgmma(s, 0);
-      named_bar_arrive(2 - wg, kThreads);
-      wgmma_wait<0>();
-      fence_regs(s[0]);
-      release_k(0);
-      softmax_to_p(s, alpha, pa_prev, n0, wcls, vbits);  // O is 0: its rescale is moot
-    }
-    for (int i = 1; i < n_iter; ++i) {
-      const int stage = i & 1;
-      int n0, wcls;
-      unsigned vbits[kVW];
-      tile_front(i, n0, wcls, vbits);
-      float s[kMT][kNT][4];
-      float alpha[kMT][2];
-      named_bar_sync(1 + wg, kThreads);
-      qk_wgmma(s, stage);
-      pv_wgmma(pa_prev, stage ^ 1);
-      named_bar_arrive(2 - wg, kThreads);
-      wgmma_wait<1>();
-      fence_regs(s[0]);
-      release_k(i);
-      // P stays in s until P V(i - 1) is waited: the compiler sees pa_prev
-      // dead once the wgmma that reads it asynchronously is issued, so
-      // packing before the wait could reuse its registers (ptxas then
-      // serializes every wgmma, C7513).
-      bool rescale = false;
-      if (wcls != 0) {
-        score_and_mask(s, n0, wcls, vbits);
-        rescale = softmax(s, alpha);
+    for (;;) {  // once, or under kPersist once per item
+      if (n_iter > 0 && wg == 1) named_bar_arrive(1, kThreads);
+      if (n_iter > 0) {
+        int n0, wcls;
+        unsigned vbits[kVW];
+        tile_front(0, n0, wcls, vbits);
+        float s[kMT][kNT][4];
+        float alpha[kMT][2];
+        named_bar_sync(1 + wg, kThreads);
+        qk_wgmma(s, gbase & 1);
+        named_bar_arrive(2 - wg, kThreads);
+        wgmma_wait<0>();
+        fence_regs(s[0]);
+        release_k(0);
+        softmax_to_p(s, alpha, pa_prev, n0, wcls, vbits);  // O is 0: its rescale is moot
       }
-      wgmma_wait<0>();
-      fence_regs(o[0]);
-      __syncwarp();
-      if (lane == 0) mbar_arrive(bar_vempty + 8 * (stage ^ 1));  // V of tile i - 1 is free
-      if (rescale) rescale_o(alpha);
-      if (wcls != 0) {
-        pack_p(s, pa_prev);
-      } else {
-        zero_p(pa_prev);
+      for (int i = 1; i < n_iter; ++i) {
+        const int stage = (gbase + i) & 1;
+        int n0, wcls;
+        unsigned vbits[kVW];
+        tile_front(i, n0, wcls, vbits);
+        float s[kMT][kNT][4];
+        float alpha[kMT][2];
+        named_bar_sync(1 + wg, kThreads);
+        qk_wgmma(s, stage);
+        pv_wgmma(pa_prev, stage ^ 1);
+        named_bar_arrive(2 - wg, kThreads);
+        wgmma_wait<1>();
+        fence_regs(s[0]);
+        release_k(i);
+        // P stays in s until P V(i - 1) is waited: the compiler sees pa_prev
+        // dead once the wgmma that reads it asynchronously is issued, so
+        // packing before the wait could reuse its registers (ptxas then
+        // serializes every wgmma, C7513).
+        bool rescale = false;
+        if (wcls != 0) {
+          score_and_mask(s, n0, wcls, vbits);
+          rescale = softmax(s, alpha);
+        }
+        wgmma_wait<0>();
+        fence_regs(o[0]);
+        __syncwarp();
+        if (lane == 0) mbar_arrive(bar_vempty + 8 * (stage ^ 1));  // V of tile i - 1 is free
+        if (rescale) rescale_o(alpha);
+        if (wcls != 0) {
+          pack_p(s, pa_prev);
+        } else {
+          zero_p(pa_prev);
+        }
       }
-    }
-    if (n_iter > 0) {  // the last tile's P V
-      const int last = n_iter - 1;
-      mbar_wait(bar_vfull + 8 * (last & 1), (last >> 1) & 1);
+      // Every S of the item is done: Q's rows are free for the next item's.
+      if constexpr (kPersist) copy_next_q();
+      if (n_iter > 0) {  // the last tile's P V
+        const int last = gbase + n_iter - 1;
+        mbar_wait(bar_vfull + 8 * (last & 1), (last >> 1) & 1);
+        fence_proxy_async();
+        named_bar_sync(1 + wg, kThreads);
+        pv_wgmma(pa_prev, last & 1);
+        if (wg == 0) named_bar_arrive(2 - wg, kThreads);  // none left pending at exit
+        wgmma_wait<0>();
+        fence_regs(o[0]);
+        if constexpr (kPersist) {  // the next item's V will need its stage
+          __syncwarp();
+          if (lane == 0) mbar_arrive(bar_vempty + 8 * (last & 1));
+        }
+      }
+      if constexpr (!kPersist) break;
+      // The next item's Q and first K / V are on their way meanwhile.
+      write_out();
+      gbase += n_iter;
+      if (!next_item()) return;
+      row_base = m0 + warp * kWM + g;
+#if KC_SCORE_MOD == KC_SCORE_ALIBI
+      alibi_slope = p.alibi_slopes[h];
+#endif
+      zero_acc();
+      cp_async_wait<0>();  // this thread's copies of the warpgroup's Q rows
       fence_proxy_async();
-      named_bar_sync(1 + wg, kThreads);
-      pv_wgmma(pa_prev, last & 1);
-      if (wg == 0) named_bar_arrive(2 - wg, kThreads);  // none left pending at exit
-      wgmma_wait<0>();
-      fence_regs(o[0]);
+      named_bar_sync(4 + wg, 128);  // ... and its other threads'
     }
   } else
 #endif
@@ -1702,33 +1866,7 @@ extern "C" __global__ void __launch_bounds__(kcache::attn_fwd::kFwdThreadsAll)
 #endif
   }
   cp_async_wait<0>();
-
-  // ---- epilogue: O = acc / l (0 where nothing was visible), LSE ----------
-  elem_t* og = static_cast<elem_t*>(p.o) + b * p.o_stride_b + h * p.o_stride_h;
-#pragma unroll
-  for (int mt = 0; mt < kMT; ++mt) {
-#pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
-      float l = l_run[mt][hh];
-      l += __shfl_xor_sync(0xffffffffu, l, 1);
-      l += __shfl_xor_sync(0xffffffffu, l, 2);
-      const int q = q_of(mt, hh);
-      if (q < q_len) {
-        const float inv = l > 0.f ? 1.f / l : 0.f;
-        unsigned* orow = reinterpret_cast<unsigned*>(og + q * p.o_stride_s + 2 * t4);
-#pragma unroll
-        for (int dt = 0; dt < kDT; ++dt) {
-          orow[dt * 4] = pack2(o[mt][dt][hh * 2] * inv, o[mt][dt][hh * 2 + 1] * inv);
-        }
-#if KC_RETURN_LSE
-        if (t4 == 0 && p.lse != nullptr) {
-          p.lse[b * p.lse_stride_b + h * p.lse_stride_h + q] =
-              l > 0.f ? (m_run[mt][hh] + log2f(l)) * kLn2 : neg_inf();
-        }
-#endif
-      }
-    }
-  }
+  write_out();
 }
 #endif  // !KC_OMIT_FWD
 

@@ -677,6 +677,12 @@ class Kernel:
         bm, bn, nw, st = spec["tiles"]
         self.block_m, self.block_n = bm, bn
         self.threads = fwd_threads(spec["tiles"], spec["dqk"], spec["dv"], spec["sm90a"])
+        # KC_FWD_PERSISTENT (attention_fwd.cuh's kPersist, an experiment): the ping-pong
+        # with an analytic mask walks items strided by the grid's size; launched with one
+        # CTA per SM (KC_FWD_WORKERS=N: N CTAs, for tests of many items per CTA).
+        self.persistent = (("KC_FWD_PERSISTENT", "1") in tuple(spec.get("extra_defines", ()))
+                           and self.threads > nw * 32
+                           and spec["mask"] in ("none", "causal", "window"))
         self.smem = smem_bytes(bm, bn, st, spec["dqk"], spec["dv"])
         _check(cu.cuFuncSetAttribute(self.fwd, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                                      self.smem), "cuFuncSetAttribute")
@@ -727,8 +733,13 @@ class Kernel:
                                           stream, args, None), "cuLaunchKernel")
 
     def grid(self, params):
-        return ((params.q_len + self.block_m - 1) // self.block_m, params.num_q_heads,
-                params.batch)
+        g = ((params.q_len + self.block_m - 1) // self.block_m, params.num_q_heads, params.batch)
+        if self.persistent:
+            import torch
+            workers = int(os.environ.get("KC_FWD_WORKERS", "0")) or \
+                torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+            return (max(1, min(g[0] * g[1] * g[2], workers)), 1, 1)
+        return g
 
     def new_tile_classes(self, params):
         """The class tensor for the forward's mask build (new_classes), set in `params`."""

@@ -1,0 +1,212 @@
+"""A thread model of the persistent ping-pong forward's protocol (attention_fwd.cuh,
+KC_FWD_PERSISTENT; kernels/NOTES.md, session 22), run by hand when that protocol changes:
+
+  python3 tests/kernels/model_fwd_persistent.py [TRIALS]
+
+One producer thread and eight consumer warps follow the kernel's order of waits, arrivals
+and copies: mbarriers with phase parity (kfull / vfull / kempty / vempty per stage), named
+barriers counted in warps (1 and 2: the warpgroups' turns; 3: the compute warps; 4 + wg: a
+warpgroup), a Q copy per warpgroup that lands after a random delay, random delays
+everywhere else. Each S checks that its stage holds the tile it expects and that its
+warpgroup's Q rows hold its item; each P V checks its V. Items are random tile counts,
+empty ones included, walked by one CTA. A wait that lasts 5 s counts as a deadlock.
+It models the kernel; it does not run it: the GPU suites do that. Exit status 1 when a
+trial failed.
+"""
+import random
+import sys
+import threading
+import time
+
+TIMEOUT = 5.0
+
+
+class Deadlock(Exception):
+    pass
+
+
+class MBar:
+    """An mbarrier: `count` arrivals complete a phase; wait(parity) returns once the phase
+    of that parity has completed (try_wait.parity)."""
+
+    def __init__(self, count):
+        self.count, self.n, self.phase = count, 0, 0
+        self.cv = threading.Condition()
+
+    def arrive(self):
+        with self.cv:
+            self.n += 1
+            if self.n == self.count:
+                self.n = 0
+                self.phase += 1
+                self.cv.notify_all()
+
+    def wait(self, parity):
+        with self.cv:
+            if not self.cv.wait_for(lambda: (self.phase & 1) != parity, timeout=TIMEOUT):
+                raise Deadlock("mbarrier wait")
+
+
+class NamedBar:
+    """bar.sync / bar.arrive, counted in warps."""
+
+    def __init__(self, count):
+        self.count, self.n, self.gen = count, 0, 0
+        self.cv = threading.Condition()
+
+    def _arrive(self):
+        self.n += 1
+        if self.n == self.count:
+            self.n = 0
+            self.gen += 1
+            self.cv.notify_all()
+            return None
+        return self.gen
+
+    def sync(self):
+        with self.cv:
+            gen = self._arrive()
+            if gen is not None and not self.cv.wait_for(lambda: self.gen != gen,
+                                                        timeout=TIMEOUT):
+                raise Deadlock("named barrier")
+
+    def arrive(self):
+        with self.cv:
+            self._arrive()
+
+
+def jitter(rng):
+    time.sleep(rng.random() * 0.0003)
+
+
+def run(tiles_per_item, seed):
+    """One CTA walking items with these tile counts; returns the failures seen."""
+    rng = random.Random(seed)
+    kfull, vfull = [MBar(1), MBar(1)], [MBar(1), MBar(1)]  # producer: one (all its threads)
+    kempty, vempty = [MBar(8), MBar(8)], [MBar(8), MBar(8)]  # one per compute warp
+    bars = {1: NamedBar(8), 2: NamedBar(8), 3: NamedBar(8), 4: NamedBar(4), 5: NamedBar(4)}
+    stage_k, stage_v = [None, None], [None, None]
+    q_rows = [0, 0]  # the item in each warpgroup's rows of Q (item 0: the prologue's copy)
+    errors = []
+    n_items = len(tiles_per_item)
+
+    def producer():
+        gbase = 0
+        for item in range(n_items):
+            for i in range(tiles_per_item[item]):
+                gi = gbase + i
+                st = gi & 1
+                if gi >= 2:
+                    kempty[st].wait(((gi >> 1) - 1) & 1)
+                jitter(rng)
+                stage_k[st] = (item, i)
+                kfull[st].arrive()
+                if gi >= 2:
+                    vempty[st].wait(((gi >> 1) - 1) & 1)
+                jitter(rng)
+                stage_v[st] = (item, i)
+                vfull[st].arrive()
+            gbase += tiles_per_item[item]
+
+    def consumer(warp):
+        wg = warp >> 2
+        gbase = 0
+        bars[3].sync()  # Q of the first item landed
+        for item in range(n_items):
+            n = tiles_per_item[item]
+
+            def check_s(i):
+                if stage_k[(gbase + i) & 1] != (item, i):
+                    errors.append(("K", warp, item, i, stage_k[(gbase + i) & 1]))
+                if q_rows[wg] != item:
+                    errors.append(("Q", warp, item, i, q_rows[wg]))
+
+            def check_pv(i):
+                if stage_v[(gbase + i) & 1] != (item, i):
+                    errors.append(("V", warp, item, i, stage_v[(gbase + i) & 1]))
+
+            def front(i):
+                gi = gbase + i
+                kfull[gi & 1].wait((gi >> 1) & 1)
+
+            if n > 0 and wg == 1:
+                bars[1].arrive()
+            if n > 0:
+                front(0)
+                bars[1 + wg].sync()
+                check_s(0)  # S issued ...
+                bars[2 - wg].arrive()
+                jitter(rng)
+                check_s(0)  # ... and waited
+                kempty[gbase & 1].arrive()
+            for i in range(1, n):
+                front(i)
+                bars[1 + wg].sync()
+                check_s(i)
+                check_pv(i - 1)
+                bars[2 - wg].arrive()
+                jitter(rng)
+                check_s(i)
+                kempty[(gbase + i) & 1].arrive()
+                jitter(rng)
+                check_pv(i - 1)
+                vempty[(gbase + i - 1) & 1].arrive()
+            # copy_next_q: every S of the item is done in this warpgroup.
+            nxt = item + 1
+            copy = None
+            if nxt < n_items:
+                bars[4 + wg].sync()
+                q_rows[wg] = ("copying", nxt)
+
+                def land(wg=wg, nxt=nxt):
+                    time.sleep(rng.random() * 0.002)
+                    q_rows[wg] = nxt
+                copy = threading.Thread(target=land)
+                copy.start()
+            if n > 0:  # the last tile's P V
+                last = gbase + n - 1
+                vfull[last & 1].wait((last >> 1) & 1)
+                bars[1 + wg].sync()
+                check_pv(n - 1)
+                if wg == 0:
+                    bars[2].arrive()
+                jitter(rng)
+                check_pv(n - 1)
+                vempty[last & 1].arrive()
+            gbase += n
+            if nxt >= n_items:
+                return
+            copy.join()  # cp_async_wait<0>
+            bars[4 + wg].sync()
+
+    def guarded(fn, *args):
+        try:
+            fn(*args)
+        except Deadlock as e:
+            errors.append(("deadlock", str(e)))
+
+    threads = [threading.Thread(target=guarded, args=(producer,))]
+    threads += [threading.Thread(target=guarded, args=(consumer, w)) for w in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return errors
+
+
+def main():
+    trials = int(sys.argv[1]) if len(sys.argv) > 1 else 40
+    bad = 0
+    for trial in range(trials):
+        rng = random.Random(trial)
+        tiles = [rng.choice([0, 1, 1, 2, 3, 5]) for _ in range(rng.randint(1, 7))]
+        errors = run(tiles, trial)
+        if errors:
+            bad += 1
+            print("trial %d, tiles per item %s: %s" % (trial, tiles, errors[:3]))
+    print("%d of %d trials failed" % (bad, trials))
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
