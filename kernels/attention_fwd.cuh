@@ -761,11 +761,16 @@ extern "C" __global__ void __launch_bounds__(kcache::attn_fwd::kFwdThreadsAll)
   int item = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
   (void)n_items;
   (void)n_workers;
+  // kPersist: item `it`'s query tile, head and batch (heavy tiles first).
+  auto item_at = [&](int it, int& tile, int& hh, int& bb) {
+    launch_order_at(it, n_item_tiles, p.num_q_heads, p.num_q_heads * p.batch, tile, hh, bb,
+                    kFwdHeadChunk);
+    tile = n_item_tiles - 1 - tile;
+  };
+  (void)item_at;
   auto set_item = [&]() {
     if constexpr (kPersist) {
-      launch_order_at(item, n_item_tiles, p.num_q_heads, p.num_q_heads * p.batch, mtile, h, b,
-                      kFwdHeadChunk);
-      mtile = n_item_tiles - 1 - mtile;
+      item_at(item, mtile, h, b);
     } else {
       launch_order(mtile, h, b, kFwdHeadChunk);
       mtile = gridDim.x - 1 - mtile;
@@ -1646,17 +1651,16 @@ extern "C" __global__ void __launch_bounds__(kcache::attn_fwd::kFwdThreadsAll)
     // kPersist: a warpgroup's S reads only its own 64 rows of Q, so once its
     // last S of an item is done (all four warps: named barrier 4 + wg), it
     // copies its rows of the next item's Q.
+    constexpr int kWgRows = 4 * kWM;  // a warpgroup's rows of the tile
     auto copy_next_q = [&]() {
       const int next = item + n_workers;
       if (next >= n_items) return;
       int t, hn, bn;
-      launch_order_at(next, n_item_tiles, p.num_q_heads, p.num_q_heads * p.batch, t, hn, bn,
-                      kFwdHeadChunk);
-      const int row0 = (n_item_tiles - 1 - t) * kBM + wg * 64;
+      item_at(next, t, hn, bn);
       const elem_t* src = static_cast<const elem_t*>(p.q) + bn * p.q_stride_b + hn * p.q_stride_h;
       named_bar_sync(4 + wg, 128);
-      load_tile<64, kDQK, 128, true, kBM>(sQ + wg * (64 * 128), src, p.q_stride_s, row0, q_len,
-                                          tid & 127);
+      load_tile<kWgRows, kDQK, 128, true, kBM>(sQ + wg * (kWgRows * 128), src, p.q_stride_s,
+                                               t * kBM + wg * kWgRows, q_len, tid & 127);
       cp_async_commit();
     };
     (void)copy_next_q;
