@@ -173,13 +173,15 @@ constexpr bool kListMask =
 
 // KC_FWD_PERSISTENT (an experiment, off until measured; kernels/NOTES.md,
 // session 22): on the ping-pong with an analytic mask, a CTA walks items
-// (query tile, head, batch) of the launch order strided by the grid's size.
+// (query tile, head, batch) of the launch order, one of each round of as
+// many items as the grid has CTAs.
 // The next item's first K / V (the producer) and Q (each warpgroup its own
 // rows, once its last S is done) are copied while the current item's last
 // P V and epilogue run, which otherwise each CTA's start pays. Any grid
 // works: the contract's gives one item per CTA; a launcher that knows the
-// SM count launches one per SM. Static striding, not the hardware's
-// dynamic order: a model put causal B4 H32 S4096's imbalance at ~3 %.
+// SM count launches one per SM. A static order (item_of_round), not the
+// hardware's dynamic one: a model put causal B4 H32 S4096's busiest CTA
+// 3.5 % above the mean on 132 SMs.
 #ifndef KC_FWD_PERSISTENT
 #define KC_FWD_PERSISTENT 0
 #endif
@@ -748,8 +750,9 @@ extern "C" __global__ void __launch_bounds__(kcache::attn_fwd::kFwdThreadsAll)
   // (launch_order). Measured (H200, kernels/NOTES.md, session 21): causal
   // B4 H32 S4096 D128 -2 % against each pair's tiles in turn, whose last
   // heavy tiles started late.
-  // The item (query tile, head, batch) this CTA computes; kPersist: items
-  // `item`, `item` + n_workers, ... (each pass of the walk below sets these).
+  // The item (query tile, head, batch) this CTA computes; kPersist: one
+  // item of each round of n_workers items (item_of_round; each pass of the
+  // walk below sets these).
   int mtile, h, b;
   int m0, mlast, hkv;  // first row, last valid row, K / V head
   const elem_t* qg;
@@ -758,9 +761,15 @@ extern "C" __global__ void __launch_bounds__(kcache::attn_fwd::kFwdThreadsAll)
   const int n_item_tiles = (p.q_len + kBM - 1) / kBM;
   const int n_items = n_item_tiles * p.num_q_heads * p.batch;
   const int n_workers = gridDim.x * gridDim.y * gridDim.z;
-  int item = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+  const int cta = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+  // Round k's items go to the CTAs in turn, every other round in reverse: a
+  // model of causal B4 H32 S4096 put the busiest CTA at 1.00-1.09x the mean
+  // for 78-148 CTAs, where turns in one direction gave 1.94x at 128.
+  auto item_of_round = [&](int k) { return k * n_workers + ((k & 1) ? n_workers - 1 - cta : cta); };
+  int round = 0;
+  int item = cta;
   (void)n_items;
-  (void)n_workers;
+  (void)item_of_round;
   // kPersist: item `it`'s query tile, head and batch (heavy tiles first).
   auto item_at = [&](int it, int& tile, int& hh, int& bb) {
     launch_order_at(it, n_item_tiles, p.num_q_heads, p.num_q_heads * p.batch, tile, hh, bb,
@@ -1048,7 +1057,7 @@ extern "C" __global__ void __launch_bounds__(kcache::attn_fwd::kFwdThreadsAll)
 
   // kPersist: on to this CTA's next item; false when none is left.
   auto next_item = [&]() -> bool {
-    item += n_workers;
+    item = item_of_round(++round);
     if (item >= n_items) return false;
     set_item();
 #if KC_MASK == KC_MASK_CAUSAL || KC_MASK == KC_MASK_SLIDING_WINDOW
@@ -1653,7 +1662,7 @@ extern "C" __global__ void __launch_bounds__(kcache::attn_fwd::kFwdThreadsAll)
     // copies its rows of the next item's Q.
     constexpr int kWgRows = 4 * kWM;  // a warpgroup's rows of the tile
     auto copy_next_q = [&]() {
-      const int next = item + n_workers;
+      const int next = item_of_round(round + 1);
       if (next >= n_items) return;
       int t, hn, bn;
       item_at(next, t, hn, bn);
