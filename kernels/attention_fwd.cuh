@@ -237,6 +237,16 @@ constexpr int kOwnTile = 0x3fff;  // tile-list index of the gathered tile
 #define KC_FWD_OWN_FIRST 0
 #endif
 constexpr bool kOwnFirst = kOwnGather && KC_FWD_OWN_FIRST;
+// KC_FWD_SPECULATE_FIRST (an experiment, off until measured; same place):
+// on the ping-pong, the drafter's producer copies key tile 0 (the first
+// context tile, the list's first entry unless a window or the own tile
+// comes first) into stage 0 as soon as the row data is written, so that the
+// copy overlaps the tile classification instead of following it; on a miss
+// it waits for that copy and loads the list's first tile as before.
+#ifndef KC_FWD_SPECULATE_FIRST
+#define KC_FWD_SPECULATE_FIRST 0
+#endif
+constexpr bool kSpeculate = KC_FWD_SPECULATE_FIRST && kPingpong && KC_MASK == KC_MASK_DRAFTER;
 // KC_FWD_GATHER_BY_BLOCK (an experiment, off until measured; same place):
 // the drafter's gathered copies (a permuted tile's Q, the own tile's K and
 // V) a block at a time (load_tile_blocks) instead of load_tile_rows' rolled
@@ -1019,6 +1029,12 @@ extern "C" __global__ void __launch_bounds__(kcache::attn_fwd::kFwdThreadsAll)
     rowdata[r] = rd;
   }
   __syncthreads();
+  // kSpeculate: the K / V stages are free from here (the block order in them
+  // was last read by the row data above).
+  if (kSpeculate && producer) {
+    load_tile<kBN, kDQK, kLoadThreads>(sK, kg, p.k_stride_s, 0, kv_len, tid_real - kThreads);
+    load_tile<kBN, kDV, kLoadThreads>(sV, vg, p.v_stride_s, 0, kv_len, tid_real - kThreads);
+  }
   if (use_list) {
     const int nrows = mlast - m0 + 1;
     for (int t = tid; t < n_kv_tiles; t += kThreads) {
@@ -1191,13 +1207,17 @@ extern "C" __global__ void __launch_bounds__(kcache::attn_fwd::kFwdThreadsAll)
           const int gi = gbase + i;
           const int st = gi & 1;
           const int t = use_list ? (tile_list[i] & 0x3fff) : first + i;
+          // kSpeculate: tile 0 is in stage 0 already when it comes first;
+          // otherwise its copies land before the stage is written again.
+          const bool copied = kSpeculate && i == 0 && t == 0;
+          if (kSpeculate && i == 0 && t != 0) cp_async_wait<0>();
           // K(i) after V(i - 1): a thread's kfull arrival then also means
           // that its V(i - 1) landed (the compute loop relies on it).
           if (gi >= 2) mbar_wait(bar_kempty + 8 * st, ((gi >> 1) - 1) & 1);
-          load_kv(t, sK + st * kKBytes, sV + st * kVBytes, ptid, 1);
+          if (!copied) load_kv(t, sK + st * kKBytes, sV + st * kVBytes, ptid, 1);
           mbar_arrive_cp_async(bar_kfull + 8 * st);
           if (gi >= 2) mbar_wait(bar_vempty + 8 * st, ((gi >> 1) - 1) & 1);
-          load_kv(t, sK + st * kKBytes, sV + st * kVBytes, ptid, 2);
+          if (!copied) load_kv(t, sK + st * kKBytes, sV + st * kVBytes, ptid, 2);
           mbar_arrive_cp_async(bar_vfull + 8 * st);
         }
         if (!kPersist) break;
