@@ -837,6 +837,10 @@ extern "C" __global__ void __launch_bounds__(kcache::attn_fwd::kFwdThreadsAll)
     tile = n_item_tiles - 1 - tile;
   };
   (void)item_at;
+  // Row 0 of batch bb, query head hh in Q.
+  auto q_head = [&](int bb, int hh) {
+    return static_cast<const elem_t*>(p.q) + bb * p.q_stride_b + hh * p.q_stride_h;
+  };
   auto set_item = [&]() {
     if constexpr (kPersist) {
       item_at(item, mtile, h, b);
@@ -847,7 +851,7 @@ extern "C" __global__ void __launch_bounds__(kcache::attn_fwd::kFwdThreadsAll)
     m0 = mtile * kBM;
     hkv = h / (p.num_q_heads / p.num_kv_heads);
     mlast = imin(m0 + kBM, p.q_len) - 1;
-    qg = static_cast<const elem_t*>(p.q) + b * p.q_stride_b + h * p.q_stride_h;
+    qg = q_head(b, h);
     kg = static_cast<const elem_t*>(p.k) + b * p.k_stride_b + hkv * p.k_stride_h;
     vg = static_cast<const elem_t*>(p.v) + b * p.v_stride_b + hkv * p.v_stride_h;
   };
@@ -1761,10 +1765,10 @@ extern "C" __global__ void __launch_bounds__(kcache::attn_fwd::kFwdThreadsAll)
       if (next >= n_items) return;
       int t, hn, bn;
       item_at(next, t, hn, bn);
-      const elem_t* src = static_cast<const elem_t*>(p.q) + bn * p.q_stride_b + hn * p.q_stride_h;
       named_bar_sync(4 + wg, 128);
-      load_tile<kWgRows, kDQK, 128, true, kBM>(sQ + wg * (kWgRows * 128), src, p.q_stride_s,
-                                               t * kBM + wg * kWgRows, q_len, tid & 127);
+      load_tile<kWgRows, kDQK, 128, true, kBM>(sQ + wg * (kWgRows * 128), q_head(bn, hn),
+                                               p.q_stride_s, t * kBM + wg * kWgRows, q_len,
+                                               tid & 127);
       cp_async_commit();
     };
     (void)copy_next_q;
