@@ -678,11 +678,13 @@ class Kernel:
         self.block_m, self.block_n = bm, bn
         self.threads = fwd_threads(spec["tiles"], spec["dqk"], spec["dv"], spec["sm90a"])
         # KC_FWD_PERSISTENT (attention_fwd.cuh's kPersist, an experiment): the ping-pong
-        # with an analytic mask walks items strided by the grid's size; launched with one
-        # CTA per SM (KC_FWD_WORKERS=N: N CTAs, for tests of many items per CTA).
-        self.persistent = (("KC_FWD_PERSISTENT", "1") in tuple(spec.get("extra_defines", ()))
-                           and self.threads > nw * 32
-                           and spec["mask"] in ("none", "causal", "window"))
+        # with an analytic mask walks the items in rounds of the grid's size; launched with
+        # one CTA per SM (KC_FWD_WORKERS=N: N CTAs, for tests of many items per CTA).
+        self.workers = 0  # the persistent forward's CTAs; 0: the contract's grid
+        if (("KC_FWD_PERSISTENT", "1") in tuple(spec.get("extra_defines", ()))
+                and self.threads > nw * 32 and spec["mask"] in ("none", "causal", "window")):
+            self.workers = int(os.environ.get("KC_FWD_WORKERS", "0")) or \
+                torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
         self.smem = smem_bytes(bm, bn, st, spec["dqk"], spec["dv"])
         _check(cu.cuFuncSetAttribute(self.fwd, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                                      self.smem), "cuFuncSetAttribute")
@@ -734,11 +736,8 @@ class Kernel:
 
     def grid(self, params):
         g = ((params.q_len + self.block_m - 1) // self.block_m, params.num_q_heads, params.batch)
-        if self.persistent:
-            import torch
-            workers = int(os.environ.get("KC_FWD_WORKERS", "0")) or \
-                torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
-            return (max(1, min(g[0] * g[1] * g[2], workers)), 1, 1)
+        if self.workers:
+            return (max(1, min(g[0] * g[1] * g[2], self.workers)), 1, 1)
         return g
 
     def new_tile_classes(self, params):
