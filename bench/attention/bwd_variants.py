@@ -184,8 +184,8 @@ def run_case(case):
             t_b = med[name + ".bwd"]
             total = t_f + t_b
             r.update(bwd=round(t_b, 3), total=round(total, 3))
-        r["rounds"] = [round(a + (b if BWD else 0.0), 3) for a, b in
-                       zip(rounds[name + ".fwd"], rounds[name + ".bwd"] if BWD else rounds[name + ".fwd"])]
+        parts = [rounds[name + ".fwd"]] + ([rounds[name + ".bwd"]] if BWD else [])
+        r["rounds"] = [round(sum(ts), 3) for ts in zip(*parts)]  # fwd (+ bwd) of each round
         if "flex" in med: r["ratio"] = round(med["flex"] / total, 3)
         if "cudnn" in med: r["vs_cudnn"] = round(med["cudnn"] / total, 3)
         print(json.dumps(r), flush=True)
