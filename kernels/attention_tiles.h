@@ -58,14 +58,27 @@ KC_TILES_HD constexpr bool AttentionHeadDimSupported(int d) {
   return d == 64 || d == 128 || d == 256;
 }
 
+// sm_90a's ping-pong forward (attention_fwd.cuh, kPingpong): two warpgroups
+// of 16-row warps that take turns on the tensor cores, head dim QK 128, two
+// stages. A producer warpgroup beside them issues the K / V copies, so the
+// kernel runs num_warps * 32 + kAttnFwdProducerThreads threads there.
+constexpr int kAttnFwdProducerThreads = 128;
+KC_TILES_HD constexpr bool AttentionFwdPingpong(const AttentionTiles& t, bool sm90a,
+                                                int head_dim_qk, int head_dim_v) {
+  return sm90a && t.num_warps == 8 && t.block_m == 8 * 16 && t.stages == 2 && head_dim_qk == 128 &&
+         head_dim_v >= 64 && head_dim_v <= 128;
+}
+
 // Whether a configuration can be compiled and launched. Used for the spec's
 // Tuning overrides. t.smem_bytes is ignored (it is derived: AttentionSmemBytes
-// with 2-byte elements). Rules: rows per warp 16 or 32; block_n 32, 64 or 128;
+// with 2-byte elements). Rules: rows per warp 16 or 32; block_n 32, 64 or 128,
+// or 176 on the sm_90a ping-pong (FlashAttention-3's key tile for head dim 128
+// without a causal mask: a key tile's fixed instructions over more keys);
 // 2..4 stages; the fp32 accumulators of S and O fit the register file
 // (rows_per_warp/16 * (block_n + dv) / 2 <= 192 floats per thread); shared
 // memory within the architecture's limit.
 KC_TILES_HD constexpr bool AttentionTilesLegal(const AttentionTiles& t, int arch, int head_dim_qk,
-                                               int head_dim_v) {
+                                               int head_dim_v, bool sm90a = false) {
   if (AttentionMaxSmemPerBlock(arch) == 0) return false;
   if (!AttentionHeadDimSupported(head_dim_qk) || !AttentionHeadDimSupported(head_dim_v)) {
     return false;
@@ -74,7 +87,10 @@ KC_TILES_HD constexpr bool AttentionTilesLegal(const AttentionTiles& t, int arch
   const int rows_per_warp = t.num_warps > 0 ? t.block_m / t.num_warps : 0;
   if (t.block_m != t.num_warps * rows_per_warp) return false;
   if (rows_per_warp != 16 && rows_per_warp != 32) return false;
-  if (t.block_n != 32 && t.block_n != 64 && t.block_n != 128) return false;
+  if (t.block_n != 32 && t.block_n != 64 && t.block_n != 128 &&
+      !(t.block_n == 176 && AttentionFwdPingpong(t, sm90a, head_dim_qk, head_dim_v))) {
+    return false;
+  }
   if (t.stages < 2 || t.stages > 4) return false;
   if ((rows_per_warp / 16) * (t.block_n + head_dim_v) / 2 > 192) return false;
   // Key-tile indices are packed into 14 bits of the tile list.
@@ -90,16 +106,6 @@ KC_TILES_HD constexpr AttentionTiles MakeAttentionTiles(int block_m, int block_n
                         AttentionSmemBytes(block_m, block_n, stages, head_dim_qk, head_dim_v, 2)};
 }
 
-// sm_90a's ping-pong forward (attention_fwd.cuh, kPingpong): two warpgroups
-// of 16-row warps that take turns on the tensor cores, head dim QK 128, two
-// stages. A producer warpgroup beside them issues the K / V copies, so the
-// kernel runs num_warps * 32 + kAttnFwdProducerThreads threads there.
-constexpr int kAttnFwdProducerThreads = 128;
-KC_TILES_HD constexpr bool AttentionFwdPingpong(const AttentionTiles& t, bool sm90a,
-                                                int head_dim_qk, int head_dim_v) {
-  return sm90a && t.num_warps == 8 && t.block_m == 8 * 16 && t.stages == 2 && head_dim_qk == 128 &&
-         head_dim_v >= 64 && head_dim_v <= 128;
-}
 // Threads of kcache_attn_fwd.
 KC_TILES_HD constexpr int AttentionFwdThreads(const AttentionTiles& t, bool sm90a, int head_dim_qk,
                                               int head_dim_v) {

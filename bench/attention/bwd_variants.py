@@ -15,7 +15,8 @@ sets of extra defines (kernels/attention_bwd.cuh's KC_BWD_*):
 
 (The measurement switches KC_BWD_FA2, KC_BWD_WG_SPLIT and KC_BWD_HEAD_CHUNK left the
 kernel once measured, issue 28; kernels/NOTES.md keeps what they showed. A new variant
-is a new define in the kernel while it is being measured.)
+is a new define in the kernel while it is being measured.) TILES=BMxBNxWxS in a variant
+sets the forward's tiles (the spec's tuning) instead of a define, e.g. "t176:TILES=128x176x8x2".
 
 FLEX=0 skips flex (outputs are then compared with the first variant's; FLEX_MASK_COMPILE=0
 builds flex's drafter block mask eagerly, the same mask without its compile); BWD=0 times and
@@ -30,10 +31,17 @@ import kc_attn as K
 
 
 def parse_variants():
+    """(name, extra) per variant; extra: the defines, and ("TILES", (bm, bn, warps, stages))
+    when the variant sets the forward's tiles."""
     out = []
     for item in os.environ.get("VARIANTS", "base:").split(";"):
         name, _, defs = item.partition(":")
-        out.append((name, tuple(tuple(x.split("=")) for x in defs.split(",") if x)))
+        extra = []
+        for x in defs.split(","):
+            if not x: continue
+            k, _, v = x.partition("=")
+            extra.append((k, tuple(int(n) for n in v.split("x"))) if k == "TILES" else (k, v))
+        out.append((name, tuple(extra)))
     return out
 
 
@@ -55,8 +63,10 @@ ROUNDS = int(os.environ.get("ROUNDS", "3"))
 def spec_for(case, extra):
     mask = {"causal": "causal", "none": "none", "d64": "causal"}.get(case, "drafter")
     D = 64 if case == "d64" else 128
+    tiles = dict(extra).get("TILES")
     return K.make_spec("bf16", D, D, mask=mask, backward=BWD, deterministic=False, arch=90,
-                       sm90a=SM90A, drafter_block=16, extra_defines=extra)
+                       sm90a=SM90A, drafter_block=16, tiles=tiles,
+                       extra_defines=tuple(e for e in extra if e[0] != "TILES"))
 
 
 specs = [spec_for(c, ex) for c in CASES for _, ex in VARIANTS]

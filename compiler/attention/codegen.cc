@@ -102,19 +102,20 @@ absl::StatusOr<AttentionTiles> ChooseAttentionTiles(const v1::AttentionSpec& spe
     nw = t.num_warps;
     for (int rows : {t.block_m / t.num_warps, 32, 16}) {
       if (rows > 0 && bm % rows == 0 &&
-          AttentionTilesLegal(MakeAttentionTiles(bm, bn, bm / rows, st, dqk, dv), arch.sm, dqk,
-                              dv)) {
+          AttentionTilesLegal(MakeAttentionTiles(bm, bn, bm / rows, st, dqk, dv), arch.sm, dqk, dv,
+                              arch.sm90a)) {
         nw = bm / rows;
         break;
       }
     }
   }
   const AttentionTiles over = MakeAttentionTiles(bm, bn, nw, st, dqk, dv);
-  if (!AttentionTilesLegal(over, arch.sm, dqk, dv)) {
+  if (!AttentionTilesLegal(over, arch.sm, dqk, dv, arch.sm90a)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "spec.tuning: block_m=", bm, " block_n=", bn, " num_warps=", nw, " stages=", st,
         " is not a legal tile configuration for d", dqk, "/", dv, " on sm_", arch.sm,
-        " (rows per warp 16 or 32, block_n 32/64/128, 2..4 stages, registers and shared "
+        " (rows per warp 16 or 32, block_n 32/64/128 or 176 on sm_90a's ping-pong, 2..4 "
+        "stages, registers and shared "
         "memory within limits)"));
   }
   return over;

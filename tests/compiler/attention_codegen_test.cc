@@ -768,6 +768,29 @@ bool FullMatrix() {
   return env != nullptr && std::string(env) == "1";
 }
 
+// block_n 176 (FlashAttention-3's key tile for head dim 128) exists only on
+// sm_90a's ping-pong forward: elsewhere it is a clear tuning error, and
+// where it is legal it compiles.
+TEST(CodegenTest, KeyTile176OnlyOnThePingpong) {
+  v1::AttentionSpec s = BaseSpec();
+  s.mutable_tuning()->set_block_n(176);
+  absl::StatusOr<GeneratedSource> g = Gen(s, "sm_90a");
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_EQ(g->tiles.block_n, 176);
+  EXPECT_THAT(g->source, HasSubstr("#define KC_BLOCK_N 176\n"));
+  if (SharedNvrtc().Load().ok()) {
+    const absl::Status built = CompileGenerated(*g, "sm_90a");
+    EXPECT_TRUE(built.ok()) << built;
+  }
+  for (const char* arch : {"sm_90", "sm_80"}) {
+    absl::StatusOr<GeneratedSource> bad = Gen(s, arch);
+    EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument) << arch;
+    EXPECT_THAT(std::string(bad.status().message()), HasSubstr("block_n=176")) << arch;
+  }
+  s.set_head_dim_qk(64);  // the ping-pong is head dim 128's
+  EXPECT_EQ(Gen(s, "sm_90a").status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST(AttentionCompileTest, EveryVariantCompilesWithNvrtc) {
   if (absl::Status s = SharedNvrtc().Load(); !s.ok()) GTEST_SKIP() << "NVRTC unavailable: " << s;
   const bool full = FullMatrix();

@@ -279,6 +279,8 @@ std::vector<InvalidCase> InvalidCases() {
        "spec.tuning.block_m: 96"},
       {"tuning_block_n", [](auto* s) { s->mutable_tuning()->set_block_n(512); },
        "spec.tuning.block_n: 512"},
+      {"tuning_block_n_step", [](auto* s) { s->mutable_tuning()->set_block_n(100); },
+       "spec.tuning.block_n: 100 is not 0 (compiler chooses) or a multiple of 16"},
       {"tuning_warps", [](auto* s) { s->mutable_tuning()->set_num_warps(3); },
        "spec.tuning.num_warps: 3"},
       {"tuning_stages", [](auto* s) { s->mutable_tuning()->set_stages(9); },

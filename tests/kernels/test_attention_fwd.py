@@ -82,6 +82,18 @@ def variants():
         out.append(("fp16_d128_%s_sm90a_t128_128_8_2" % mname,
                     K.make_spec("fp16", 128, tiles=(128, 128, 8, 2), sm90a=True,
                                 **dict(masks)[mname])))
+    # sm_90a's ping-pong with 176-key tiles (a tuning; kernels/NOTES.md, session 23): every
+    # mask on bf16 d128, the common ones elsewhere.
+    for dtype, dqk, dv in (("bf16", 128, 128), ("fp16", 128, 128), ("bf16", 128, 64)):
+        for mname, m in masks:
+            if (dtype, dv) != ("bf16", 128) and mname not in ("none", "causal", "win100_20_br",
+                                                               "doc", "drafter16"):
+                continue
+            out.append(("%s_d%d_%d_%s_sm90a_t128_176" % (dtype, dqk, dv, mname),
+                        K.make_spec(dtype, dqk, dv, tiles=(128, 176, 8, 2), sm90a=True, **m)))
+    out.append(("bf16_d128_none_softcap_sm90a_t128_176",
+                K.make_spec("bf16", 128, mask="none", score="softcap", softcap=20.0,
+                            tiles=(128, 176, 8, 2), sm90a=True)))
     out.append(("bf16_d128_drafter_softcap_sm90a_t128_64_8_3",
                 K.make_spec("bf16", 128, mask="drafter", score="softcap", softcap=20.0,
                             tiles=(128, 64, 8, 3), sm90a=True)))
