@@ -138,9 +138,11 @@ constexpr bool kWgmma = false;
 // sm_90a with two warpgroups and 2 stages: the warpgroups take turns on the
 // tensor cores (FlashAttention-3's ping-pong), one's softmax under the
 // other's wgmma; loads complete on mbarriers instead of CTA barriers.
-// Head dim 64 runs a little slower ping-ponged (285 against 293 TFLOP/s,
-// causal B8 H32 S2048 on an H200; again 1.5 % slower after v12, session 11;
-// kernels/NOTES.md): its GEMMs are too short.
+// Head dim 64 ran a little slower ping-ponged with its 64-key tiles (285
+// against 293 TFLOP/s, causal B8 H32 S2048 on an H200; again 1.5 % slower
+// after v12, session 11; kernels/NOTES.md): its GEMMs were too short. Both
+// measurements predate the producer warpgroup; with key tiles of 128 or more
+// (a tuning) head dim 64 ping-pongs again, to be measured (session 23).
 // The tiles as attention_tiles.h names them (smem_bytes unused here).
 constexpr AttentionTiles kTiles{kBM, kBN, kNW, kStages, 0};
 // attention_tiles.h's AttentionFwdPingpong decides, so that the launch's

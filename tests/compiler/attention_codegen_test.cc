@@ -787,8 +787,14 @@ TEST(CodegenTest, KeyTile176OnlyOnThePingpong) {
     EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument) << arch;
     EXPECT_THAT(std::string(bad.status().message()), HasSubstr("block_n=176")) << arch;
   }
-  s.set_head_dim_qk(64);  // the ping-pong is head dim 128's
+  s.mutable_tuning()->set_block_m(64);  // not the ping-pong's shape
   EXPECT_EQ(Gen(s, "sm_90a").status().code(), absl::StatusCode::kInvalidArgument);
+  // Head dim 64 ping-pongs with key tiles of 128 or more (a tuning).
+  s.mutable_tuning()->set_block_m(0);
+  s.set_head_dim_qk(64);
+  g = Gen(s, "sm_90a");
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_EQ(g->tiles.block_n, 176);
 }
 
 TEST(AttentionCompileTest, EveryVariantCompilesWithNvrtc) {

@@ -107,9 +107,9 @@ BWD_MAX_LIST = 1024     # kAttnBwdMaxList: uint32 tile-list entries
 
 def fwd_threads(tiles, dqk, dv, sm90a):
     """kcache::AttentionFwdThreads: sm_90a's ping-pong forward has a producer warpgroup."""
-    bm, _, nw, st = tiles
-    pingpong = (bool(sm90a) and nw == 8 and bm == 128 and st == 2 and dqk == 128
-                and 64 <= dv <= 128)
+    bm, bn, nw, st = tiles
+    pingpong = (bool(sm90a) and nw == 8 and bm == 128 and st == 2
+                and (dqk == 128 or (dqk == 64 and bn >= 128)) and 64 <= dv <= 128)
     return nw * 32 + (128 if pingpong else 0)
 
 

@@ -83,7 +83,8 @@ def variants():
                     K.make_spec("fp16", 128, tiles=(128, 128, 8, 2), sm90a=True,
                                 **dict(masks)[mname])))
     # sm_90a's ping-pong with 176-key tiles (a tuning; kernels/NOTES.md, session 23): every
-    # mask on bf16 d128, the common ones elsewhere.
+    # mask on bf16 d128, the common ones elsewhere, and head dim 64 (which ping-pongs with
+    # key tiles of 128 or more; the t128_128 variants above then do too).
     for dtype, dqk, dv in (("bf16", 128, 128), ("fp16", 128, 128), ("bf16", 128, 64)):
         for mname, m in masks:
             if (dtype, dv) != ("bf16", 128) and mname not in ("none", "causal", "win100_20_br",
@@ -91,6 +92,10 @@ def variants():
                 continue
             out.append(("%s_d%d_%d_%s_sm90a_t128_176" % (dtype, dqk, dv, mname),
                         K.make_spec(dtype, dqk, dv, tiles=(128, 176, 8, 2), sm90a=True, **m)))
+    for mname in ("none", "causal", "win100_20_br", "drafter16"):
+        out.append(("bf16_d64_64_%s_sm90a_t128_176" % mname,
+                    K.make_spec("bf16", 64, 64, tiles=(128, 176, 8, 2), sm90a=True,
+                                **dict(masks)[mname])))
     out.append(("bf16_d128_none_softcap_sm90a_t128_176",
                 K.make_spec("bf16", 128, mask="none", score="softcap", softcap=20.0,
                             tiles=(128, 176, 8, 2), sm90a=True)))
