@@ -29,7 +29,10 @@ sys.path.insert(0, os.path.join(REPO, "tests", "kernels"))
 sys.path.insert(0, HERE)
 
 REFERENCE = ("mma_sync_causal", False)
+# A name is a mask, optionally _d64 (head dim 64) and _tBN (a tuned block_n: the ping-pong's
+# 176-key tiles, head dim 64 on the ping-pong), or a generated expression module (_expr).
 CASES = [REFERENCE, ("causal", False), ("causal", True), ("drafter", False), ("drafter", True),
+         ("none", False), ("none_t176", False), ("causal_d64", False), ("causal_d64_t128", False),
          ("drafter_expr", True), ("neighbourhood_expr", True), ("head_window_expr", True)]
 
 
@@ -42,8 +45,13 @@ def one(name, backward, whole=False):
         import expr_masks as E
         spec = K.generated_spec(E.load_source(name, "sm_90a"))
     else:
-        spec = K.make_spec("bf16", 128, 128, mask=name, tiles=K.select_tiles(90, 128, 128, True),
-                           sm90a=True, backward=backward)
+        import re
+        mask, d64, bn = re.fullmatch(r"([a-z]+)(_d64)?(?:_t(\d+))?", name).groups()
+        d = 64 if d64 else 128
+        tiles = K.select_tiles(90, d, d, True)
+        if bn:
+            tiles = (tiles[0], int(bn)) + tuple(tiles[2:])
+        spec = K.make_spec("bf16", d, d, mask=mask, tiles=tiles, sm90a=True, backward=backward)
     source = K.prelude(spec)
     units = [source] if whole else K.module_units(source)
     unit_cpu = [0.0] * len(units)
@@ -80,7 +88,7 @@ def main():
     elif args:
         print(__doc__.strip(), file=sys.stderr)
         return 2
-    print("bf16, D128, sm_90a but the reference (sm_80); %s; load average %.1f%s" % (
+    print("bf16, D128 unless _d64, sm_90a but the reference (sm_80); %s; load average %.1f%s" % (
         "each module as one program (--whole)" if whole else
         "a module with backward as two units at once", os.getloadavg()[0],
         "; min of %d runs" % repeat if repeat > 1 else ""))
