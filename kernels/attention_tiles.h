@@ -59,17 +59,17 @@ KC_TILES_HD constexpr bool AttentionHeadDimSupported(int d) {
 }
 
 // sm_90a's ping-pong forward (attention_fwd.cuh, kPingpong): two warpgroups
-// of 16-row warps that take turns on the tensor cores, head dim QK 128 (or 64
-// with key tiles of 128 or more: a tuning, while measured; head dim 64's
-// default 64-key tiles keep the plain wgmma path), two stages. A producer
+// of 16-row warps that take turns on the tensor cores, head dim QK 128 (or
+// 64 / 64 with key tiles of 128 or more: a tuning, while measured; head dim
+// 64's default 64-key tiles keep the plain wgmma path), two stages. A producer
 // warpgroup beside them issues the K / V copies, so the kernel runs
 // num_warps * 32 + kAttnFwdProducerThreads threads there.
 constexpr int kAttnFwdProducerThreads = 128;
 KC_TILES_HD constexpr bool AttentionFwdPingpong(const AttentionTiles& t, bool sm90a,
                                                 int head_dim_qk, int head_dim_v) {
   return sm90a && t.num_warps == 8 && t.block_m == 8 * 16 && t.stages == 2 &&
-         (head_dim_qk == 128 || (head_dim_qk == 64 && t.block_n >= 128)) && head_dim_v >= 64 &&
-         head_dim_v <= 128;
+         ((head_dim_qk == 128 && head_dim_v >= 64 && head_dim_v <= 128) ||
+          (head_dim_qk == 64 && head_dim_v == 64 && t.block_n >= 128));
 }
 
 // Whether a configuration can be compiled and launched. Used for the spec's

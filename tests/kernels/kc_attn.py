@@ -70,8 +70,24 @@ def check_tiles_against_header():
                    'kcache::SelectAttentionTiles(%d, %d, %d, 0, false, %s); *o = (long long)'
                    'kcache::AttentionFwdThreads(t, %s, %d, %d); }'
                    % (i, a, q, v, "true" if x else "false", "true" if x else "false", q, v))
+    # Tuned tiles: the ping-pong's shapes (block_n 176; head dim 64 with 128 or more keys)
+    # and their neighbours, for fwd_threads.
+    tuned = [(t, q, v, x) for t in ((128, 64, 8, 2), (128, 128, 8, 2), (128, 176, 8, 2),
+                                    (128, 128, 8, 3), (64, 64, 4, 2))
+             for q in (64, 128) for v in (64, 128) for x in (False, True)]
+    for i, (t, q, v, x) in enumerate(tuned):
+        src.append('extern "C" __global__ void probe_u%d(long long* o) { *o = (long long)'
+                   'kcache::AttentionFwdThreads(kcache::AttentionTiles{%d, %d, %d, %d, 0}, %s, '
+                   '%d, %d); }' % ((i,) + t + ("true" if x else "false", q, v)))
     ptx = _nvrtc_ptx("\n".join(src) + "\n")
     bad = []
+    for i, (t, q, v, x) in enumerate(tuned):
+        body = ptx.split(".entry probe_u%d(" % i, 1)[1].split("ret;", 1)[0]
+        m = re.search(r"mov\.[ub](?:32|64)\s+%r[d]?\d+,\s*(-?\d+);", body)
+        threads = int(m.group(1)) if m else None
+        if threads != fwd_threads(t, q, v, x):
+            bad.append("tiles %s sm90a=%s %d/%d: header threads %s, python %d"
+                       % (t, x, q, v, threads, fwd_threads(t, q, v, x)))
     for i, (a, q, v, x) in enumerate(combos):
         body = ptx.split(".entry probe_t%d(" % i, 1)[1].split("ret;", 1)[0]
         m = re.search(r"mov\.[ub]64\s+%rd\d+,\s*(-?\d+);", body)
@@ -109,7 +125,7 @@ def fwd_threads(tiles, dqk, dv, sm90a):
     """kcache::AttentionFwdThreads: sm_90a's ping-pong forward has a producer warpgroup."""
     bm, bn, nw, st = tiles
     pingpong = (bool(sm90a) and nw == 8 and bm == 128 and st == 2
-                and (dqk == 128 or (dqk == 64 and bn >= 128)) and 64 <= dv <= 128)
+                and ((dqk == 128 and 64 <= dv <= 128) or (dqk == dv == 64 and bn >= 128)))
     return nw * 32 + (128 if pingpong else 0)
 
 
