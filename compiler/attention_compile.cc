@@ -48,13 +48,22 @@ absl::StatusOr<AttentionIdentity> ResolveAttention(const v1::AttentionSpec& spec
   l.max_expr_nodes = limits.max_expr_nodes;
   l.max_expr_depth = limits.max_expr_depth;
   if (absl::Status st = attention::ValidateAttentionSpec(spec, l); !st.ok()) return st;
-  if (auto parsed = attention::ParseAttentionArch(absl::string_view(arch.data(), arch.size()));
-      !parsed.ok()) {
+  auto parsed = attention::ParseAttentionArch(absl::string_view(arch.data(), arch.size()));
+  if (!parsed.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("target.arch: ", parsed.status().message()));
   }
   AttentionIdentity id;
   id.normalized = attention::NormalizeAttentionSpec(spec);
   id.arch = std::string(arch);
+  // Tiles the target cannot build (a tuning, or head dims without tiles
+  // there) are the caller's error, answered here rather than as a failed
+  // compile: no compile job, no lease on a shared tier, nothing retried.
+  if (auto t = attention::ChooseAttentionTiles(id.normalized, *parsed); !t.ok()) return t.status();
+  if (id.normalized.backward()) {
+    if (auto t = attention::ChooseAttentionBwdTiles(id.normalized, *parsed); !t.ok()) {
+      return t.status();
+    }
+  }
   const std::string canonical = attention::CanonicalSpecBytes(id.normalized);
   const std::string digest(kernels::TemplateDigestHex());
   auto key = ComputeKey({.spec_canonical = canonical,

@@ -8,8 +8,9 @@
 // whole warpgroups, head dims <= 128) the two GEMMs run as wgmma instead:
 // S = Q K^T with both operands in 128-byte-swizzled shared memory, O += P V
 // with P from registers (the S accumulator layout is the A-fragment layout)
-// and V read transposed. With two warpgroups and 2 stages (head dim 128) they
-// ping-pong (FlashAttention-3): named barriers make them take turns issuing
+// and V read transposed. With two warpgroups and 2 stages (head dim 128, or
+// 64 with key tiles of 128 or more: AttentionFwdPingpong) they ping-pong
+// (FlashAttention-3): named barriers make them take turns issuing
 // wgmma, a turn issuing S of key tile i and then P V of tile i - 1, so that
 // a warpgroup's softmax runs under its own P V and the other's turn; a
 // producer warpgroup issues the K/V copies, which complete on mbarriers

@@ -68,6 +68,11 @@ void Define(std::string* out, absl::string_view name, int value) {
   Define(out, name, IntLiteral(value));
 }
 
+// The target as the spec's caller wrote it ("sm_90a" when sm90a).
+std::string ArchName(const AttentionArch& arch) {
+  return absl::StrCat("sm_", arch.sm, arch.sm90a ? "a" : "");
+}
+
 }  // namespace
 
 absl::StatusOr<AttentionArch> ParseAttentionArch(absl::string_view arch) {
@@ -88,7 +93,7 @@ absl::StatusOr<AttentionTiles> ChooseAttentionTiles(const v1::AttentionSpec& spe
                                           spec.dtype() == v1::DTYPE_FP16, arch.sm90a);
   if (t.block_m == 0) {
     return absl::InvalidArgumentError(absl::StrCat("spec.head_dim_qk: head dims ", dqk, "/", dv,
-                                                   " have no attention tiles on sm_", arch.sm));
+                                                   " have no attention tiles on ", ArchName(arch)));
   }
   const v1::Tuning& u = spec.tuning();
   if (u.block_m() == 0 && u.block_n() == 0 && u.num_warps() == 0 && u.stages() == 0) return t;
@@ -113,10 +118,10 @@ absl::StatusOr<AttentionTiles> ChooseAttentionTiles(const v1::AttentionSpec& spe
   if (!AttentionTilesLegal(over, arch.sm, dqk, dv, arch.sm90a)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "spec.tuning: block_m=", bm, " block_n=", bn, " num_warps=", nw, " stages=", st,
-        " is not a legal tile configuration for d", dqk, "/", dv, " on sm_", arch.sm,
-        " (rows per warp 16 or 32, block_n 32/64/128 or 176 on sm_90a's ping-pong, 2..4 "
-        "stages, registers and shared "
-        "memory within limits)"));
+        " is not a legal tile configuration for d", dqk, "/", dv, " on ", ArchName(arch),
+        " (rows per warp 16 or 32, 2..4 stages, registers and shared memory within limits; "
+        "block_n 32, 64 or 128, or 176 on sm_90a's ping-pong: block_m 128, 8 warps, 2 stages, "
+        "head dims 128 (V 64..128) or 64/64)"));
   }
   return over;
 }
@@ -130,7 +135,7 @@ absl::StatusOr<AttentionBwdTiles> ChooseAttentionBwdTiles(const v1::AttentionSpe
   if (t.block_m == 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("spec.head_dim_qk: the backward has no tiles for head dims ", dqk, "/", dv,
-                     " on sm_", arch.sm,
+                     " on ", ArchName(arch),
                      " (it supports head dims 64 and 128, and 128 only where shared memory allows: "
                      "not on sm_86 or sm_89)"));
   }

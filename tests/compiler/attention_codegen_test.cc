@@ -774,27 +774,45 @@ bool FullMatrix() {
 TEST(CodegenTest, KeyTile176OnlyOnThePingpong) {
   v1::AttentionSpec s = BaseSpec();
   s.mutable_tuning()->set_block_n(176);
-  absl::StatusOr<GeneratedSource> g = Gen(s, "sm_90a");
-  ASSERT_TRUE(g.ok()) << g.status();
-  EXPECT_EQ(g->tiles.block_n, 176);
-  EXPECT_THAT(g->source, HasSubstr("#define KC_BLOCK_N 176\n"));
-  if (SharedNvrtc().Load().ok()) {
-    const absl::Status built = CompileGenerated(*g, "sm_90a");
-    EXPECT_TRUE(built.ok()) << built;
+  const bool nvrtc = SharedNvrtc().Load().ok();
+  // Head dims 128 and 64 / 64: the forward launches the ping-pong's 384
+  // threads with its shared memory (Q, two stages of 176-key K and V, the
+  // list, row data, barriers and alignment), and compiles.
+  for (uint32_t d : {128u, 64u}) {
+    s.set_head_dim_qk(d);
+    absl::StatusOr<GeneratedSource> g = Gen(s, "sm_90a");
+    ASSERT_TRUE(g.ok()) << d << ": " << g.status();
+    EXPECT_EQ(g->tiles.block_n, 176);
+    EXPECT_THAT(g->source, HasSubstr("#define KC_BLOCK_N 176\n"));
+    ASSERT_FALSE(g->entry_points.empty());
+    EXPECT_EQ(g->entry_points[0].name(), "kcache_attn_fwd");
+    EXPECT_EQ(g->entry_points[0].threads(), 384u) << d;
+    EXPECT_EQ(g->entry_points[0].dynamic_smem_bytes(),
+              static_cast<uint32_t>(
+                  AttentionSmemBytes(128, 176, 2, static_cast<int>(d), static_cast<int>(d), 2)))
+        << d;
+    if (nvrtc) {
+      const absl::Status built = CompileGenerated(*g, "sm_90a");
+      EXPECT_TRUE(built.ok()) << d << ": " << built;
+    }
   }
+  s.set_head_dim_qk(128);
   for (const char* arch : {"sm_90", "sm_80"}) {
     absl::StatusOr<GeneratedSource> bad = Gen(s, arch);
     EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument) << arch;
     EXPECT_THAT(std::string(bad.status().message()), HasSubstr("block_n=176")) << arch;
+    EXPECT_THAT(std::string(bad.status().message()), HasSubstr(absl::StrCat(" on ", arch, " ")))
+        << arch;
   }
   s.mutable_tuning()->set_block_m(64);  // not the ping-pong's shape
-  EXPECT_EQ(Gen(s, "sm_90a").status().code(), absl::StatusCode::kInvalidArgument);
-  // Head dim 64 ping-pongs with key tiles of 128 or more (a tuning).
+  absl::StatusOr<GeneratedSource> bad = Gen(s, "sm_90a");
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(bad.status().message()), HasSubstr(" on sm_90a "));
+  // Head dim 64 ping-pongs only with V 64.
   s.mutable_tuning()->set_block_m(0);
   s.set_head_dim_qk(64);
-  g = Gen(s, "sm_90a");
-  ASSERT_TRUE(g.ok()) << g.status();
-  EXPECT_EQ(g->tiles.block_n, 176);
+  s.set_head_dim_v(128);
+  EXPECT_EQ(Gen(s, "sm_90a").status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST(AttentionCompileTest, EveryVariantCompilesWithNvrtc) {

@@ -179,6 +179,13 @@ TEST(DaemonE2E, EachInvalidFieldIsNamed) {
          read->set_buffer("nope");
        },
        "spec.mask.expr.predicate.read"},
+      // Tiles are checked at admission, not by a failed compile: 176 keys
+      // exist only on sm_90a's ping-pong, 96 nowhere.
+      {"tuning for another target",
+       [](auto& r) { r.mutable_spec()->mutable_tuning()->set_block_n(176); },
+       "spec.tuning: block_m=128 block_n=176"},
+      {"tuning", [](auto& r) { r.mutable_spec()->mutable_tuning()->set_block_n(96); },
+       "spec.tuning: block_m=128 block_n=96"},
       {"no target", [](auto& r) { r.clear_target(); }, "target"},
       {"bad arch", [](auto& r) { r.mutable_target()->set_arch("sm_70"); }, "target.arch"},
       {"no device", [](auto& r) { r.mutable_target()->set_device(3); }, "target.device"},
