@@ -92,9 +92,11 @@ def variants():
                 continue
             out.append(("%s_d%d_%d_%s_sm90a_t128_176" % (dtype, dqk, dv, mname),
                         K.make_spec(dtype, dqk, dv, tiles=(128, 176, 8, 2), sm90a=True, **m)))
-    for mname in ("none", "causal", "win100_20_br", "drafter16"):
-        out.append(("bf16_d64_64_%s_sm90a_t128_176" % mname,
-                    K.make_spec("bf16", 64, 64, tiles=(128, 176, 8, 2), sm90a=True,
+    for dtype, mname in (("bf16", "none"), ("bf16", "causal"), ("bf16", "win100_20_br"),
+                         ("bf16", "doc"), ("bf16", "drafter16"), ("bf16", "expr_prefix"),
+                         ("fp16", "none"), ("fp16", "causal")):
+        out.append(("%s_d64_64_%s_sm90a_t128_176" % (dtype, mname),
+                    K.make_spec(dtype, 64, 64, tiles=(128, 176, 8, 2), sm90a=True,
                                 **dict(masks)[mname])))
     out.append(("bf16_d128_none_softcap_sm90a_t128_176",
                 K.make_spec("bf16", 128, mask="none", score="softcap", softcap=20.0,
