@@ -9,12 +9,11 @@
 // S = Q K^T with both operands in 128-byte-swizzled shared memory, O += P V
 // with P from registers (the S accumulator layout is the A-fragment layout)
 // and V read transposed. With two warpgroups and 2 stages (head dim 128, or
-// 64 with key tiles of 128 or more: AttentionFwdPingpong) they ping-pong
-// (FlashAttention-3): named barriers make them take turns issuing
-// wgmma, a turn issuing S of key tile i and then P V of tile i - 1, so that
-// a warpgroup's softmax runs under its own P V and the other's turn; a
-// producer warpgroup issues the K/V copies, which complete on mbarriers
-// (cp.async.mbarrier.arrive) instead of a CTA barrier per tile.
+// 64 with key tiles of 128 or more), or three over 192 rows (head dim 64;
+// AttentionFwdPingpong), they ping-pong (FlashAttention-3): named barriers make them take turns
+// issuing wgmma, a turn issuing S of key tile i and then P V of tile i - 1, so that a warpgroup's
+// softmax runs under its own P V and the other's turn; a producer warpgroup issues the K/V copies,
+// which complete on mbarriers (cp.async.mbarrier.arrive) instead of a CTA barrier per tile.
 //
 // One CTA computes block_m query rows of one (batch, query head); each warp
 // owns block_m / num_warps rows (16 or 32) and walks the key tiles that the
@@ -164,6 +163,21 @@ constexpr float kRescaleSlack = !kPingpong || KC_MASK == KC_MASK_NONE ? 8.f : 0.
 // issues the K / V copies; elsewhere the compute threads do.
 constexpr int kFwdThreadsAll = AttentionFwdThreads(kTiles, KC_ARCH_SM90A != 0, kDQK, kDV);
 constexpr int kLoadThreads = kPingpong ? kAttnFwdProducerThreads : kThreads;
+// The ping-pong's compute warpgroups (two, or three over 192 rows for head
+// dim 64), and the registers setmaxnreg moves from the producer to them:
+// FlashAttention-3's split (24 / 240 beside two, 32 / 160 beside three).
+constexpr int kNWG = kNW / 4;
+constexpr int kProducerRegs = kNWG == 3 ? 32 : 24;
+constexpr int kConsumerRegs = kNWG == 3 ? 160 : 240;
+static_assert(!kPingpong || (kNWG * 128 * kConsumerRegs + 128 * kProducerRegs <= 65536 &&
+                             (kNWG == 2 || kNWG == 3)),
+              "the ping-pong's register split exceeds the register file");
+// Named barriers of the ping-pong: 1 + w, warpgroup w's turn; then the
+// compute warps together; then, under kPersist, one per warpgroup.
+constexpr int kBarTurn = 1;
+constexpr int kBarCompute = kBarTurn + kNWG;
+constexpr int kBarWg = kBarCompute + 1;
+static_assert(kBarWg + kNWG <= 16, "named barriers 0..15");
 // sm_90a with 3+ stages: softmax overlaps the previous tile's P V wgmma.
 constexpr bool kOverlap = kWgmma && !kPingpong && kStages >= 3;
 // Tiles in flight ahead of the one computed.
@@ -1236,7 +1250,7 @@ extern "C" __global__ void __launch_bounds__(kcache::attn_fwd::kFwdThreadsAll)
     }
     __syncthreads();
     if (producer) {
-      asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
+      asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs) : "memory");
       const int ptid = tid_real - kThreads;
       // Tile gi = gbase + i of the CTA's walk sits in stage gi & 1: under
       // kPersist the barriers' phases run on across items.
@@ -1266,7 +1280,7 @@ extern "C" __global__ void __launch_bounds__(kcache::attn_fwd::kFwdThreadsAll)
       cp_async_wait<0>();
       return;
     }
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegs) : "memory");
   } else
 #endif
 #pragma unroll
@@ -1769,15 +1783,19 @@ extern "C" __global__ void __launch_bounds__(kcache::attn_fwd::kFwdThreadsAll)
 
 #if KC_WGMMA_HEAD_DIMS
   if constexpr (kPingpong) {
-    // Named barriers 1 and 2 order the warpgroups' wgmma issues: warpgroup w
-    // waits on 1 + w, then lets the other go (arrive on 2 - w). Warpgroup 0
-    // starts; the last arrival of warpgroup 1 is skipped so that none is
-    // left pending at exit (or at the next item). Named barrier 3: the
+    // Named barriers kBarTurn + w order the warpgroups' wgmma issues:
+    // warpgroup w waits on its own, then lets the next go (arrive on w + 1's,
+    // round robin; two warpgroups take part in each, 256 threads). Warpgroup
+    // 0 starts; the last arrival of the last warpgroup is skipped so that
+    // none is left pending at exit (or at the next item). kBarCompute: the
     // compute warps alone.
     const int wg = warp >> 2;
+    // (Written out at each use, not held in registers: the two-warpgroup
+    // build then compiles as it did before three existed.)
+    auto next_turn = [&]() { return kNWG == 2 ? 2 - wg : kBarTurn + (wg + 1) % kNWG; };
     cp_async_wait<0>();  // Q
     fence_proxy_async();
-    named_bar_sync(3, kThreads);  // the compute warps: Q landed
+    named_bar_sync(kBarCompute, kThreads);  // the compute warps: Q landed
     // Turn i of a warpgroup issues S of tile i and then P V of tile i - 1;
     // it waits for S alone (wgmma groups complete in order), so the softmax
     // of tile i runs under that P V, and O is rescaled once P V is waited.
@@ -1792,7 +1810,7 @@ extern "C" __global__ void __launch_bounds__(kcache::attn_fwd::kFwdThreadsAll)
     // numbering): its stage and barrier phases.
     int gbase = 0;
     // kPersist: a warpgroup's S reads only its own 64 rows of Q, so once its
-    // last S of an item is done (all four warps: named barrier 4 + wg), it
+    // last S of an item is done (all four warps: named barrier kBarWg + wg), it
     // copies its rows of the next item's Q.
     constexpr int kWgRows = 4 * kWM;  // a warpgroup's rows of the tile
     auto copy_next_q = [&]() {
@@ -1800,7 +1818,7 @@ extern "C" __global__ void __launch_bounds__(kcache::attn_fwd::kFwdThreadsAll)
       if (next >= n_items) return;
       int t, hn, bn;
       item_at(next, t, hn, bn);
-      named_bar_sync(4 + wg, 128);
+      named_bar_sync(kBarWg + wg, 128);
       load_tile<kWgRows, kDQK, 128, true, kBM>(sQ + wg * (kWgRows * 128), q_head(bn, hn),
                                                p.q_stride_s, t * kBM + wg * kWgRows, q_len,
                                                tid & 127);
@@ -1824,16 +1842,16 @@ extern "C" __global__ void __launch_bounds__(kcache::attn_fwd::kFwdThreadsAll)
       if (lane == 0) mbar_arrive(bar_kempty + 8 * ((gbase + i) & 1));
     };
     for (;;) {  // once, or under kPersist once per item
-      if (n_iter > 0 && wg == 1) named_bar_arrive(1, kThreads);
+      if (n_iter > 0 && wg == kNWG - 1) named_bar_arrive(kBarTurn, 256);
       if (n_iter > 0) {
         int n0, wcls;
         unsigned vbits[kVW];
         tile_front(0, n0, wcls, vbits);
         float s[kMT][kNT][4];
         float alpha[kMT][2];
-        named_bar_sync(1 + wg, kThreads);
+        named_bar_sync(kBarTurn + wg, 256);
         qk_wgmma(s, gbase & 1);
-        named_bar_arrive(2 - wg, kThreads);
+        named_bar_arrive(next_turn(), 256);
         wgmma_wait<0>();
         fence_regs(s[0]);
         release_k(0);
@@ -1846,10 +1864,10 @@ extern "C" __global__ void __launch_bounds__(kcache::attn_fwd::kFwdThreadsAll)
         tile_front(i, n0, wcls, vbits);
         float s[kMT][kNT][4];
         float alpha[kMT][2];
-        named_bar_sync(1 + wg, kThreads);
+        named_bar_sync(kBarTurn + wg, 256);
         qk_wgmma(s, stage);
         pv_wgmma(pa_prev, stage ^ 1);
-        named_bar_arrive(2 - wg, kThreads);
+        named_bar_arrive(next_turn(), 256);
         wgmma_wait<1>();
         fence_regs(s[0]);
         release_k(i);
@@ -1879,9 +1897,10 @@ extern "C" __global__ void __launch_bounds__(kcache::attn_fwd::kFwdThreadsAll)
         const int last = gbase + n_iter - 1;
         mbar_wait(bar_vfull + 8 * (last & 1), (last >> 1) & 1);
         fence_proxy_async();
-        named_bar_sync(1 + wg, kThreads);
+        named_bar_sync(kBarTurn + wg, 256);
         pv_wgmma(pa_prev, last & 1);
-        if (wg == 0) named_bar_arrive(2 - wg, kThreads);  // none left pending at exit
+        if (kNWG == 2 ? wg == 0 : wg != kNWG - 1)
+          named_bar_arrive(next_turn(), 256);  // none left pending at exit
         wgmma_wait<0>();
         fence_regs(o[0]);
         if constexpr (kPersist) {  // the next item's V will need its stage
@@ -1901,7 +1920,7 @@ extern "C" __global__ void __launch_bounds__(kcache::attn_fwd::kFwdThreadsAll)
       zero_acc();
       cp_async_wait<0>();  // this thread's copies of the warpgroup's Q rows
       fence_proxy_async();
-      named_bar_sync(4 + wg, 128);  // ... and its other threads'
+      named_bar_sync(kBarWg + wg, 128);  // ... and its other threads'
     }
   } else
 #endif

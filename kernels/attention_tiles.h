@@ -58,35 +58,43 @@ KC_TILES_HD constexpr bool AttentionHeadDimSupported(int d) {
   return d == 64 || d == 128 || d == 256;
 }
 
-// sm_90a's ping-pong forward (attention_fwd.cuh, kPingpong): two warpgroups
-// of 16-row warps that take turns on the tensor cores, head dim QK 128 (or
-// 64 / 64 with key tiles of 128 or more: a tuning, while measured; head dim
-// 64's default 64-key tiles keep the plain wgmma path), two stages. A producer
-// warpgroup beside them issues the K / V copies, so the kernel runs
-// num_warps * 32 + kAttnFwdProducerThreads threads there.
+// sm_90a's ping-pong forward (attention_fwd.cuh, kPingpong): warpgroups of
+// 16-row warps that take turns on the tensor cores, two stages. Two
+// warpgroups (block_m 128) for head dim QK 128, or 64 / 64 with key tiles of
+// 128 or more; three (block_m 192, FlashAttention-3's shape for head dim 64)
+// for 64 / 64 with key tiles of 128. The head dim 64 shapes are
+// tunings while they are measured: its default 64-key tiles keep the plain
+// wgmma path. A producer warpgroup beside them issues the K / V copies, so
+// the kernel runs num_warps * 32 + kAttnFwdProducerThreads threads there.
 constexpr int kAttnFwdProducerThreads = 128;
 KC_TILES_HD constexpr bool AttentionFwdPingpong(const AttentionTiles& t, bool sm90a,
                                                 int head_dim_qk, int head_dim_v) {
-  return sm90a && t.num_warps == 8 && t.block_m == 8 * 16 && t.stages == 2 &&
-         ((head_dim_qk == 128 && head_dim_v >= 64 && head_dim_v <= 128) ||
-          (head_dim_qk == 64 && head_dim_v == 64 && t.block_n >= 128));
+  const bool d64 = head_dim_qk == 64 && head_dim_v == 64 && t.block_n >= 128;
+  const bool two = t.num_warps == 8 && t.block_m == 8 * 16 &&
+                   ((head_dim_qk == 128 && head_dim_v >= 64 && head_dim_v <= 128) || d64);
+  // Three warpgroups get 160 registers each: S of 176 keys spills there.
+  const bool three = t.num_warps == 12 && t.block_m == 12 * 16 && d64 && t.block_n == 128;
+  return sm90a && t.stages == 2 && (two || three);
 }
 
 // Whether a configuration can be compiled and launched. Used for the spec's
 // Tuning overrides. t.smem_bytes is ignored (it is derived: AttentionSmemBytes
-// with 2-byte elements). Rules: rows per warp 16 or 32; block_n 32, 64 or 128,
-// or 176 on the sm_90a ping-pong (FlashAttention-3's key tile for head dim 128
-// without a causal mask: a key tile's fixed instructions over more keys);
-// 2..4 stages; the fp32 accumulators of S and O fit the register file
-// (rows_per_warp/16 * (block_n + dv) / 2 <= 192 floats per thread); shared
-// memory within the architecture's limit.
+// with 2-byte elements). Rules: 4 or 8 warps (12 on the sm_90a ping-pong);
+// rows per warp 16 or 32; block_n 32, 64 or 128, or 176 on the sm_90a
+// ping-pong (FlashAttention-3's key tile for head dim 128 without a causal
+// mask: a key tile's fixed instructions over more keys); 2..4 stages; the fp32 accumulators of S
+// and O fit the register file (rows_per_warp/16 * (block_n + dv) / 2 <= 192 floats per thread);
+// shared memory within the architecture's limit.
 KC_TILES_HD constexpr bool AttentionTilesLegal(const AttentionTiles& t, int arch, int head_dim_qk,
                                                int head_dim_v, bool sm90a = false) {
   if (AttentionMaxSmemPerBlock(arch) == 0) return false;
   if (!AttentionHeadDimSupported(head_dim_qk) || !AttentionHeadDimSupported(head_dim_v)) {
     return false;
   }
-  if (t.num_warps != 4 && t.num_warps != 8) return false;
+  if (t.num_warps != 4 && t.num_warps != 8 &&
+      !(t.num_warps == 12 && AttentionFwdPingpong(t, sm90a, head_dim_qk, head_dim_v))) {
+    return false;
+  }
   const int rows_per_warp = t.num_warps > 0 ? t.block_m / t.num_warps : 0;
   if (t.block_m != t.num_warps * rows_per_warp) return false;
   if (rows_per_warp != 16 && rows_per_warp != 32) return false;

@@ -519,17 +519,17 @@ absl::Status ValidateAttentionSpec(const v1::AttentionSpec& spec, const Limits& 
   }
 
   const v1::Tuning& t = spec.tuning();
-  if (absl::Status s = CheckTuningField(t.block_m(), "spec.tuning.block_m", 16, 256, true);
+  // Not only powers of two: sm_90a's ping-pong takes block_n 176, and 12
+  // warps over block_m 192 (AttentionTilesLegal decides per target).
+  if (absl::Status s = CheckTuningField(t.block_m(), "spec.tuning.block_m", 16, 256, false, 16);
       !s.ok()) {
     return s;
   }
-  // Not only powers of two: sm_90a's ping-pong takes 176 (AttentionTilesLegal
-  // decides per target).
   if (absl::Status s = CheckTuningField(t.block_n(), "spec.tuning.block_n", 16, 256, false, 16);
       !s.ok()) {
     return s;
   }
-  if (absl::Status s = CheckTuningField(t.num_warps(), "spec.tuning.num_warps", 1, 16, true);
+  if (absl::Status s = CheckTuningField(t.num_warps(), "spec.tuning.num_warps", 4, 12, false, 4);
       !s.ok()) {
     return s;
   }

@@ -815,6 +815,35 @@ TEST(CodegenTest, KeyTile176OnlyOnThePingpong) {
   EXPECT_EQ(Gen(s, "sm_90a").status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+// FlashAttention-3's head dim 64 shape: three compute warpgroups over 192
+// rows (12 warps) with 128-key tiles, beside the producer: 512 threads. Only
+// on sm_90a's ping-pong, only head dims 64 / 64, only 128 keys (S of 176
+// keys spills at the 160 registers each of three warpgroups gets).
+TEST(CodegenTest, ThreeWarpgroupsOnlyForHeadDim64) {
+  v1::AttentionSpec s = BaseSpec();
+  s.set_head_dim_qk(64);
+  s.mutable_tuning()->set_block_m(192);
+  s.mutable_tuning()->set_block_n(128);
+  s.mutable_tuning()->set_num_warps(12);
+  absl::StatusOr<GeneratedSource> g = Gen(s, "sm_90a");
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_THAT(g->source, HasSubstr("#define KC_NUM_WARPS 12\n"));
+  ASSERT_FALSE(g->entry_points.empty());
+  EXPECT_EQ(g->entry_points[0].threads(), 512u);
+  EXPECT_EQ(g->entry_points[0].dynamic_smem_bytes(),
+            static_cast<uint32_t>(AttentionSmemBytes(192, 128, 2, 64, 64, 2)));
+  if (SharedNvrtc().Load().ok()) {
+    const absl::Status built = CompileGenerated(*g, "sm_90a");
+    EXPECT_TRUE(built.ok()) << built;
+  }
+  EXPECT_EQ(Gen(s, "sm_90").status().code(), absl::StatusCode::kInvalidArgument);
+  s.mutable_tuning()->set_block_n(176);
+  EXPECT_EQ(Gen(s, "sm_90a").status().code(), absl::StatusCode::kInvalidArgument);
+  s.mutable_tuning()->set_block_n(128);
+  s.set_head_dim_qk(128);
+  EXPECT_EQ(Gen(s, "sm_90a").status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST(AttentionCompileTest, EveryVariantCompilesWithNvrtc) {
   if (absl::Status s = SharedNvrtc().Load(); !s.ok()) GTEST_SKIP() << "NVRTC unavailable: " << s;
   const bool full = FullMatrix();

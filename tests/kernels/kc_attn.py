@@ -73,7 +73,8 @@ def check_tiles_against_header():
     # Tuned tiles: the ping-pong's shapes (block_n 176; head dim 64 with 128 or more keys)
     # and their neighbours, for fwd_threads.
     tuned = [(t, q, v, x) for t in ((128, 64, 8, 2), (128, 128, 8, 2), (128, 176, 8, 2),
-                                    (128, 128, 8, 3), (64, 64, 4, 2))
+                                    (128, 128, 8, 3), (64, 64, 4, 2), (192, 128, 12, 2),
+                                    (192, 176, 12, 2), (192, 64, 12, 2))
              for q in (64, 128) for v in (64, 128) for x in (False, True)]
     for i, (t, q, v, x) in enumerate(tuned):
         src.append('extern "C" __global__ void probe_u%d(long long* o) { *o = (long long)'
@@ -124,8 +125,10 @@ BWD_MAX_LIST = 1024     # kAttnBwdMaxList: uint32 tile-list entries
 def fwd_threads(tiles, dqk, dv, sm90a):
     """kcache::AttentionFwdThreads: sm_90a's ping-pong forward has a producer warpgroup."""
     bm, bn, nw, st = tiles
-    pingpong = (bool(sm90a) and nw == 8 and bm == 128 and st == 2
-                and ((dqk == 128 and 64 <= dv <= 128) or (dqk == dv == 64 and bn >= 128)))
+    d64 = dqk == dv == 64 and bn >= 128
+    two = nw == 8 and bm == 128 and ((dqk == 128 and 64 <= dv <= 128) or d64)
+    three = nw == 12 and bm == 192 and d64 and bn == 128
+    pingpong = bool(sm90a) and st == 2 and (two or three)
     return nw * 32 + (128 if pingpong else 0)
 
 

@@ -1,15 +1,17 @@
 """A thread model of the persistent ping-pong forward's protocol (attention_fwd.cuh,
 KC_FWD_PERSISTENT; kernels/NOTES.md, session 22), run by hand when that protocol changes:
 
-  python3 tests/kernels/model_fwd_persistent.py [TRIALS]
+  python3 tests/kernels/model_fwd_persistent.py [TRIALS] [WARPGROUPS]
 
-One producer thread and eight consumer warps follow the kernel's order of waits, arrivals
-and copies: mbarriers with phase parity (kfull / vfull / kempty / vempty per stage), named
-barriers counted in warps (1 and 2: the warpgroups' turns; 3: the compute warps; 4 + wg: a
-warpgroup), a Q copy per warpgroup that lands after a random delay, random delays
-everywhere else. Each S checks that its stage holds the tile it expects and that its
-warpgroup's Q rows hold its item; each P V checks its V. Items are random tile counts,
-empty ones included, walked by one CTA. A wait that lasts 5 s counts as a deadlock.
+One producer thread and four consumer warps per warpgroup (two warpgroups, or three: the
+head dim 64 shape of session 23) follow the kernel's order of waits, arrivals and copies:
+mbarriers with phase parity (kfull / vfull / kempty / vempty per stage), named barriers
+counted in warps (1 + w: warpgroup w's turn, which w and the one before it take part in;
+then the compute warps; then one per warpgroup), a Q copy per warpgroup that lands after
+a random delay, random delays everywhere else. Each S checks that its stage holds the
+tile it expects and that its warpgroup's Q rows hold its item; each P V checks its V; the
+turns must come round robin, one warpgroup at a time. Items are random tile counts, empty
+ones included, walked by one CTA. A wait that lasts 5 s counts as a deadlock.
 It models the kernel; it does not run it: the GPU suites do that. Exit status 1 when a
 trial failed.
 """
@@ -79,14 +81,24 @@ def jitter(rng):
     time.sleep(rng.random() * 0.0003)
 
 
-def run(tiles_per_item, seed):
-    """One CTA walking items with these tile counts; returns the failures seen."""
+def run(tiles_per_item, seed, nwg=2):
+    """One CTA of nwg compute warpgroups walking items with these tile counts; returns
+    the failures seen."""
     rng = random.Random(seed)
+    warps = 4 * nwg
     kfull, vfull = [MBar(1), MBar(1)], [MBar(1), MBar(1)]  # producer: one (all its threads)
-    kempty, vempty = [MBar(8), MBar(8)], [MBar(8), MBar(8)]  # one per compute warp
-    bars = {1: NamedBar(8), 2: NamedBar(8), 3: NamedBar(8), 4: NamedBar(4), 5: NamedBar(4)}
+    kempty = [MBar(warps), MBar(warps)]  # one per compute warp
+    vempty = [MBar(warps), MBar(warps)]
+    # The kernel's kBarTurn + w, kBarCompute, kBarWg + w.
+    turn_bar = {w: NamedBar(8) for w in range(nwg)}
+    compute_bar = NamedBar(warps)
+    wg_bar = {w: NamedBar(4) for w in range(nwg)}
+    # Turns per warp, started and ended. The k-th turn of the CTA (round robin: warpgroup
+    # k % nwg's turn k // nwg) may start only once every warp of warpgroup (k - 1) % nwg
+    # has ended its turn (k - 1) // nwg.
+    started, ended, turn_lock = [0] * warps, [0] * warps, threading.Lock()
     stage_k, stage_v = [None, None], [None, None]
-    q_rows = [0, 0]  # the item in each warpgroup's rows of Q (item 0: the prologue's copy)
+    q_rows = [0] * nwg  # the item in each warpgroup's rows of Q (item 0: the prologue's copy)
     errors = []
     n_items = len(tiles_per_item)
 
@@ -110,8 +122,25 @@ def run(tiles_per_item, seed):
 
     def consumer(warp):
         wg = warp >> 2
+        nxt_wg = (wg + 1) % nwg
         gbase = 0
-        bars[3].sync()  # Q of the first item landed
+        compute_bar.sync()  # Q of the first item landed
+
+        def turn_start():
+            turn_bar[wg].sync()
+            with turn_lock:
+                k = started[warp] * nwg + wg
+                started[warp] += 1
+                if k > 0:
+                    pw, pt = (k - 1) % nwg, (k - 1) // nwg
+                    if any(ended[4 * pw + j] <= pt for j in range(4)):
+                        errors.append(("turn out of order", warp, k))
+
+        def turn_end(pass_on=True):
+            with turn_lock:
+                ended[warp] += 1
+            if pass_on:
+                turn_bar[nxt_wg].arrive()
         for item in range(n_items):
             n = tiles_per_item[item]
 
@@ -129,22 +158,22 @@ def run(tiles_per_item, seed):
                 gi = gbase + i
                 kfull[gi & 1].wait((gi >> 1) & 1)
 
-            if n > 0 and wg == 1:
-                bars[1].arrive()
+            if n > 0 and wg == nwg - 1:
+                turn_bar[0].arrive()
             if n > 0:
                 front(0)
-                bars[1 + wg].sync()
+                turn_start()
                 check_s(0)  # S issued ...
-                bars[2 - wg].arrive()
+                turn_end()
                 jitter(rng)
                 check_s(0)  # ... and waited
                 kempty[gbase & 1].arrive()
             for i in range(1, n):
                 front(i)
-                bars[1 + wg].sync()
+                turn_start()
                 check_s(i)
                 check_pv(i - 1)
-                bars[2 - wg].arrive()
+                turn_end()
                 jitter(rng)
                 check_s(i)
                 kempty[(gbase + i) & 1].arrive()
@@ -155,7 +184,7 @@ def run(tiles_per_item, seed):
             nxt = item + 1
             copy = None
             if nxt < n_items:
-                bars[4 + wg].sync()
+                wg_bar[wg].sync()
                 q_rows[wg] = ("copying", nxt)
 
                 def land(wg=wg, nxt=nxt):
@@ -166,10 +195,9 @@ def run(tiles_per_item, seed):
             if n > 0:  # the last tile's P V
                 last = gbase + n - 1
                 vfull[last & 1].wait((last >> 1) & 1)
-                bars[1 + wg].sync()
+                turn_start()
                 check_pv(n - 1)
-                if wg == 0:
-                    bars[2].arrive()
+                turn_end(pass_on=wg != nwg - 1)
                 jitter(rng)
                 check_pv(n - 1)
                 vempty[last & 1].arrive()
@@ -177,7 +205,7 @@ def run(tiles_per_item, seed):
             if nxt >= n_items:
                 return
             copy.join()  # cp_async_wait<0>
-            bars[4 + wg].sync()
+            wg_bar[wg].sync()
 
     def guarded(fn, *args):
         try:
@@ -186,21 +214,25 @@ def run(tiles_per_item, seed):
             errors.append(("deadlock", str(e)))
 
     threads = [threading.Thread(target=guarded, args=(producer,))]
-    threads += [threading.Thread(target=guarded, args=(consumer, w)) for w in range(8)]
+    threads += [threading.Thread(target=guarded, args=(consumer, w)) for w in range(warps)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
+    want = sum(n + 1 for n in tiles_per_item if n > 0)
+    if not errors and (set(started) != {want} or set(ended) != {want}):
+        errors.append(("turns", want, started, ended))
     return errors
 
 
 def main():
     trials = int(sys.argv[1]) if len(sys.argv) > 1 else 40
+    nwg = int(sys.argv[2]) if len(sys.argv) > 2 else 2
     bad = 0
     for trial in range(trials):
         rng = random.Random(trial)
         tiles = [rng.choice([0, 1, 1, 2, 3, 5]) for _ in range(rng.randint(1, 7))]
-        errors = run(tiles, trial)
+        errors = run(tiles, trial, nwg)
         if errors:
             bad += 1
             print("trial %d, tiles per item %s: %s" % (trial, tiles, errors[:3]))

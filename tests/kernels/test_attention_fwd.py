@@ -98,6 +98,16 @@ def variants():
         out.append(("%s_d64_64_%s_sm90a_t128_176" % (dtype, mname),
                     K.make_spec(dtype, 64, 64, tiles=(128, 176, 8, 2), sm90a=True,
                                 **dict(masks)[mname])))
+    # Three compute warpgroups over 192 rows (head dim 64, 128-key tiles; session 23).
+    for dtype, mname in (("bf16", "none"), ("bf16", "causal"), ("bf16", "causal_br"),
+                         ("bf16", "win37_0"), ("bf16", "win100_20_br"), ("bf16", "doc"),
+                         ("bf16", "doc_causal"), ("bf16", "drafter16"),
+                         ("bf16", "drafter16_causal"), ("bf16", "drafter7_w50"),
+                         ("bf16", "expr_prefix"), ("fp16", "none"), ("fp16", "causal"),
+                         ("fp16", "drafter16")):
+        out.append(("%s_d64_64_%s_sm90a_t192_128" % (dtype, mname),
+                    K.make_spec(dtype, 64, 64, tiles=(192, 128, 12, 2), sm90a=True,
+                                **dict(masks)[mname])))
     out.append(("bf16_d128_none_softcap_sm90a_t128_176",
                 K.make_spec("bf16", 128, mask="none", score="softcap", softcap=20.0,
                             tiles=(128, 176, 8, 2), sm90a=True)))
