@@ -29,10 +29,12 @@ sys.path.insert(0, os.path.join(REPO, "tests", "kernels"))
 sys.path.insert(0, HERE)
 
 REFERENCE = ("mma_sync_causal", False)
-# A name is a mask, optionally _d64 (head dim 64) and _tBN (a tuned block_n: the ping-pong's
-# 176-key tiles, head dim 64 on the ping-pong), or a generated expression module (_expr).
+# A name is a mask, optionally _d64 (head dim 64), _tBN (a tuned block_n: the ping-pong's
+# 176-key tiles, head dim 64 on the ping-pong) and _mBM (a tuned block_m, 16 rows a warp:
+# three warpgroups over 192 rows), or a generated expression module (_expr).
 CASES = [REFERENCE, ("causal", False), ("causal", True), ("drafter", False), ("drafter", True),
          ("none", False), ("none_t176", False), ("causal_d64", False), ("causal_d64_t128", False),
+         ("causal_d64_t128_m192", False),
          ("drafter_expr", True), ("neighbourhood_expr", True), ("head_window_expr", True)]
 
 
@@ -46,11 +48,14 @@ def one(name, backward, whole=False):
         spec = K.generated_spec(E.load_source(name, "sm_90a"))
     else:
         import re
-        mask, d64, bn = re.fullmatch(r"([a-z]+)(_d64)?(?:_t(\d+))?", name).groups()
+        mask, d64, bn, bm = re.fullmatch(r"([a-z]+)(_d64)?(?:_t(\d+))?(?:_m(\d+))?",
+                                         name).groups()
         d = 64 if d64 else 128
         tiles = K.select_tiles(90, d, d, True)
         if bn:
             tiles = (tiles[0], int(bn)) + tuple(tiles[2:])
+        if bm:
+            tiles = (int(bm), tiles[1], int(bm) // 16, tiles[3])
         spec = K.make_spec("bf16", d, d, mask=mask, tiles=tiles, sm90a=True, backward=backward)
     source = K.prelude(spec)
     units = [source] if whole else K.module_units(source)
