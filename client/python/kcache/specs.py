@@ -334,7 +334,8 @@ def spec(dtype: str = "bf16", head_dim: int = 128, q_heads: Optional[int] = None
 
     buffers: extra {name: (dtype, rank[, trainable])} declarations; those read by
     expressions are declared automatically. tuning: dict of block_m, block_n,
-    num_warps, stages."""
+    num_warps, stages (the daemon refuses a configuration the target cannot build, e.g.
+    block_n 176 or 12 warps anywhere but sm_90a's ping-pong; docs/kernel-contract.md)."""
     pb = _pb()
     if dtype not in _DTYPES:
         raise InvalidArgument("dtype: %r is not one of %s" % (dtype, sorted(_DTYPES)), "dtype")
