@@ -369,11 +369,14 @@ def main():
         import re
         vs = [(n, sp) for n, sp in vs if re.search(args.select, n)]
     t0 = time.time()
+    specs = [dict(sp, arch=args.arch) if not sp["sm90a"] else sp for _, sp in vs]
+    # In parallel (NVRTC processes, before any CUDA work here): ~340 variants one after
+    # another took minutes of a device session.
     compiled = {}
-    for name, spec in vs:
-        spec = dict(spec, arch=args.arch) if not spec["sm90a"] else spec
-        cubin, log = K.compile_spec(spec)
-        compiled[name] = (spec, cubin, log)
+    for (name, _), spec, (res, err) in zip(vs, specs, K.compile_many(specs)):
+        if err:
+            raise RuntimeError("%s: %s" % (name, err))
+        compiled[name] = (spec,) + tuple(res)
     print("compiled %d variants in %.1fs" % (len(vs), time.time() - t0), flush=True)
     if args.compile_only:
         for name, (spec, cubin, log) in compiled.items():
