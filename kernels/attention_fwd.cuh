@@ -135,9 +135,10 @@ constexpr bool kWgmma = kWM == 16 && kNW % 4 == 0 && kDQK <= 128 && kDV <= 128 &
 #else
 constexpr bool kWgmma = false;
 #endif
-// sm_90a with two warpgroups and 2 stages: the warpgroups take turns on the
-// tensor cores (FlashAttention-3's ping-pong), one's softmax under the
-// other's wgmma; loads complete on mbarriers instead of CTA barriers.
+// sm_90a with two (or, head dim 64 over 192 rows, three) warpgroups and 2
+// stages: the warpgroups take turns on the tensor cores (FlashAttention-3's
+// ping-pong), one's softmax under the others' wgmma; loads complete on
+// mbarriers instead of CTA barriers.
 // Head dim 64 ran a little slower ping-ponged with its 64-key tiles (285
 // against 293 TFLOP/s, causal B8 H32 S2048 on an H200; again 1.5 % slower
 // after v12, session 11; kernels/NOTES.md): its GEMMs were too short. Both
@@ -169,9 +170,13 @@ constexpr int kLoadThreads = kPingpong ? kAttnFwdProducerThreads : kThreads;
 constexpr int kNWG = kNW / 4;
 constexpr int kProducerRegs = kNWG == 3 ? 32 : 24;
 constexpr int kConsumerRegs = kNWG == 3 ? 160 : 240;
-static_assert(!kPingpong || (kNWG * 128 * kConsumerRegs + 128 * kProducerRegs <= 65536 &&
-                             (kNWG == 2 || kNWG == 3)),
-              "the ping-pong's register split exceeds the register file");
+// setmaxnreg.inc waits until the pool holds what it asks for, so the
+// producer's release must cover the consumers' growth from the launch's
+// per-thread count (__launch_bounds__: 65536 / threads, rounded down to 8).
+constexpr int kLaunchRegs = (65536 / kFwdThreadsAll) & ~7;
+static_assert(!kPingpong || ((kNWG == 2 || kNWG == 3) &&
+                             (kLaunchRegs - kProducerRegs) >= kNWG * (kConsumerRegs - kLaunchRegs)),
+              "the ping-pong's register split takes more than the producer gives up");
 // Named barriers of the ping-pong: 1 + w, warpgroup w's turn; then the
 // compute warps together; then, under kPersist, one per warpgroup.
 constexpr int kBarTurn = 1;

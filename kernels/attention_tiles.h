@@ -64,8 +64,9 @@ KC_TILES_HD constexpr bool AttentionHeadDimSupported(int d) {
 // 128 or more; three (block_m 192, FlashAttention-3's shape for head dim 64)
 // for 64 / 64 with key tiles of 128. The head dim 64 shapes are
 // tunings while they are measured: its default 64-key tiles keep the plain
-// wgmma path. A producer warpgroup beside them issues the K / V copies, so
-// the kernel runs num_warps * 32 + kAttnFwdProducerThreads threads there.
+// wgmma path (and the drafter's gathered own tile needs block_m == block_n,
+// so 192-row drafter tiles go without it). A producer warpgroup beside them issues the K / V
+// copies, so the kernel runs num_warps * 32 + kAttnFwdProducerThreads threads there.
 constexpr int kAttnFwdProducerThreads = 128;
 KC_TILES_HD constexpr bool AttentionFwdPingpong(const AttentionTiles& t, bool sm90a,
                                                 int head_dim_qk, int head_dim_v) {
