@@ -1,7 +1,7 @@
 """A thread model of the persistent ping-pong forward's protocol (attention_fwd.cuh,
 KC_FWD_PERSISTENT; kernels/NOTES.md, session 22), run by hand when that protocol changes:
 
-  python3 tests/kernels/model_fwd_persistent.py [TRIALS] [WARPGROUPS]
+  python3 tests/kernels/model_fwd_persistent.py [TRIALS] [WARPGROUPS] [lists]
 
 One producer thread and four consumer warps per warpgroup (two warpgroups, or three: the
 head dim 64 shape of session 23) follow the kernel's order of waits, arrivals and copies:
@@ -12,6 +12,14 @@ a random delay, random delays everywhere else. Each S checks that its stage hold
 tile it expects and that its warpgroup's Q rows hold its item; each P V checks its V; the
 turns must come round robin, one warpgroup at a time. Items are random tile counts, empty
 ones included, walked by one CTA. A wait that lasts 5 s counts as a deadlock.
+
+`lists` adds the drafter's design on top (kernels/NOTES.md, session 23, not in the kernel
+yet): the producer builds each item's tile list, row data and block order into one of two
+buffers (by item parity) before that item's copies; `listfull` (the producer's arrival)
+and `listempty` (one per compute warp, after its epilogue of the item) guard them. The
+consumers wait for an item's buffer before its first tile, and for the next item's before
+copying its Q rows (the rows come from the block order); each tile, the Q copy and the
+epilogue check that the buffer they read holds their item.
 It models the kernel; it does not run it: the GPU suites do that. Exit status 1 when a
 trial failed.
 """
@@ -81,9 +89,9 @@ def jitter(rng):
     time.sleep(rng.random() * 0.0003)
 
 
-def run(tiles_per_item, seed, nwg=2):
+def run(tiles_per_item, seed, nwg=2, lists=False):
     """One CTA of nwg compute warpgroups walking items with these tile counts; returns
-    the failures seen."""
+    the failures seen. lists: the drafter's per-item buffers (see the module's doc)."""
     rng = random.Random(seed)
     warps = 4 * nwg
     kfull, vfull = [MBar(1), MBar(1)], [MBar(1), MBar(1)]  # producer: one (all its threads)
@@ -101,10 +109,27 @@ def run(tiles_per_item, seed, nwg=2):
     q_rows = [0] * nwg  # the item in each warpgroup's rows of Q (item 0: the prologue's copy)
     errors = []
     n_items = len(tiles_per_item)
+    buf = [None, None]  # the item whose list / row data / order each buffer holds
+    listfull = [MBar(1), MBar(1)]
+    listempty = [MBar(warps), MBar(warps)]
+
+    def check_buf(what, warp, item):
+        if buf[item & 1] != item:
+            errors.append(("buffer", what, warp, item, buf[item & 1]))
+
+    def wait_buf(item):
+        listfull[item & 1].wait((item >> 1) & 1)
 
     def producer():
         gbase = 0
         for item in range(n_items):
+            if lists:  # build the item's buffer, once the item two back is done with it
+                if item >= 2:
+                    listempty[item & 1].wait(((item >> 1) - 1) & 1)
+                buf[item & 1] = ("writing", item)
+                jitter(rng)
+                buf[item & 1] = item
+                listfull[item & 1].arrive()
             for i in range(tiles_per_item[item]):
                 gi = gbase + i
                 st = gi & 1
@@ -157,6 +182,11 @@ def run(tiles_per_item, seed, nwg=2):
             def front(i):
                 gi = gbase + i
                 kfull[gi & 1].wait((gi >> 1) & 1)
+                if lists:
+                    check_buf("tile", warp, item)
+
+            if lists:
+                wait_buf(item)
 
             if n > 0 and wg == nwg - 1:
                 turn_bar[0].arrive()
@@ -185,6 +215,9 @@ def run(tiles_per_item, seed, nwg=2):
             copy = None
             if nxt < n_items:
                 wg_bar[wg].sync()
+                if lists:  # the rows come from the next item's block order
+                    wait_buf(nxt)
+                    check_buf("Q copy", warp, nxt)
                 q_rows[wg] = ("copying", nxt)
 
                 def land(wg=wg, nxt=nxt):
@@ -201,6 +234,10 @@ def run(tiles_per_item, seed, nwg=2):
                 jitter(rng)
                 check_pv(n - 1)
                 vempty[last & 1].arrive()
+            if lists:  # the epilogue reads the item's row data
+                jitter(rng)
+                check_buf("epilogue", warp, item)
+                listempty[item & 1].arrive()
             gbase += n
             if nxt >= n_items:
                 return
@@ -228,11 +265,12 @@ def run(tiles_per_item, seed, nwg=2):
 def main():
     trials = int(sys.argv[1]) if len(sys.argv) > 1 else 40
     nwg = int(sys.argv[2]) if len(sys.argv) > 2 else 2
+    lists = sys.argv[3:] == ["lists"]
     bad = 0
     for trial in range(trials):
         rng = random.Random(trial)
         tiles = [rng.choice([0, 1, 1, 2, 3, 5]) for _ in range(rng.randint(1, 7))]
-        errors = run(tiles, trial, nwg)
+        errors = run(tiles, trial, nwg, lists)
         if errors:
             bad += 1
             print("trial %d, tiles per item %s: %s" % (trial, tiles, errors[:3]))
