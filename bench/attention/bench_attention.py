@@ -111,12 +111,12 @@ class KcacheRunner:
         return lambda: self.kern.launch(self.p)
 
 
-def bwd_variants(d):
+def bwd_variants(d, mask):
     """(tag, forward tiles, sm90a, deterministic) timed by --backward: the defaults of plain
     sm_90 (portable mma.sync forward) and sm_90a, and sm_90a with the deterministic dQ."""
-    return [("sm90", K.select_tiles(90, d, d), False, False),
-            ("sm90a", K.select_tiles(90, d, d, True), True, False),
-            ("sm90a_det", K.select_tiles(90, d, d, True), True, True)]
+    return [("sm90", K.select_tiles(90, d, d, False, mask), False, False),
+            ("sm90a", K.select_tiles(90, d, d, True, mask), True, False),
+            ("sm90a_det", K.select_tiles(90, d, d, True, mask), True, True)]
 
 
 def bwd_spec(d, mask, tiles, sm90a, det, drafter_block=16):
@@ -124,12 +124,12 @@ def bwd_spec(d, mask, tiles, sm90a, det, drafter_block=16):
                        drafter_block=drafter_block, backward=True, deterministic=det)
 
 
-def tile_variants(d):
+def tile_variants(d, mask):
     """(tag, tiles, sm90a, extra defines) to time. "sm90" and "sm90a" are the
     defaults SelectAttentionTiles gives for plain sm_90 (portable mma.sync
     path) and sm_90a (wgmma); the others are alternatives kept for the notes."""
-    out = [("sm90", K.select_tiles(90, d, d), False, ()),
-           ("sm90a", K.select_tiles(90, d, d, True), True, ())]
+    out = [("sm90", K.select_tiles(90, d, d, False, mask), False, ()),
+           ("sm90a", K.select_tiles(90, d, d, True, mask), True, ())]
     if d == 64:
         out += [("alt_128_128_8_2_sm90a", (128, 128, 8, 2), True, ())]
     else:
@@ -244,7 +244,7 @@ def run_case(name, B, Hq, Hkv, Lq, Lkv, D, mask, args, rows, drafter=None):
         del vis
 
     kc = {}
-    for tag, tiles, sm90a, extra in tile_variants(D):
+    for tag, tiles, sm90a, extra in tile_variants(D, mask):
         spec = K.make_spec("bf16", D, D, mask=mask, tiles=tiles, sm90a=sm90a,
                            drafter_block=drafter[2] if drafter else 16, extra_defines=extra)
         try:
@@ -341,7 +341,7 @@ def run_case_bwd(name, B, Hq, Hkv, Lq, Lkv, D, mask, args, rows, drafter=None):
     dk = torch.empty_like(k)
     dv = torch.empty_like(v)
     kc = {}
-    for tag, tiles, sm90a, det in bwd_variants(D):
+    for tag, tiles, sm90a, det in bwd_variants(D, mask):
         spec = bwd_spec(D, mask, tiles, sm90a, det, drafter[2] if drafter else 16)
         try:
             cubin, log = K.compile_spec(spec)
@@ -538,7 +538,8 @@ def run_expr_case(name, args, rows):
                 head + E.load_source(base, "sm_90a")), None))
     if drafter is not None:
         for a, sm90a in (("sm_90", False), ("sm_90a", True)):
-            variants.append(("builtin_" + a, bwd_spec(D, "drafter", K.select_tiles(90, D, D, sm90a),
+            variants.append(("builtin_" + a, bwd_spec(D, "drafter",
+                                                       K.select_tiles(90, D, D, sm90a, "drafter"),
                                                        sm90a, False, drafter[2]), drafter))
     for tag, spec, dr in variants:
         try:
@@ -722,7 +723,7 @@ def main():
         # Compile every backward variant first, in parallel (before torch touches the GPU).
         specs = [bwd_spec(d, mask, tiles, sm90a, det)
                  for mask, d in (("causal", 128), ("none", 128), ("causal", 64), ("drafter", 128))
-                 for _, tiles, sm90a, det in bwd_variants(d)]
+                 for _, tiles, sm90a, det in bwd_variants(d, mask)]
         for sp, (cl, err) in zip(specs, K.compile_many(specs, args.jobs)):
             desc = "%s d%d sm90a=%s det=%s" % (sp["mask"], sp["dqk"], sp["sm90a"],
                                                 sp["deterministic"])
@@ -736,7 +737,7 @@ def main():
             return
     if args.precompile:
         for mask, d in (("causal", 128), ("none", 128), ("causal", 64), ("drafter", 128)):
-            for _, tiles, sm90a, extra in tile_variants(d):
+            for _, tiles, sm90a, extra in tile_variants(d, mask):
                 _, log = K.compile_spec(K.make_spec("bf16", d, d, mask=mask, tiles=tiles,
                                                     sm90a=sm90a, extra_defines=extra))
                 print(mask, d, tiles, sm90a, extra, K.ptxas_summary(log))

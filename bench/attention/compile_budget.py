@@ -51,7 +51,7 @@ def one(name, backward, whole=False):
         mask, d64, bn, bm = re.fullmatch(r"([a-z]+)(_d64)?(?:_t(\d+))?(?:_m(\d+))?",
                                          name).groups()
         d = 64 if d64 else 128
-        tiles = K.select_tiles(90, d, d, True)
+        tiles = K.select_tiles(90, d, d, True, mask)
         if bn:
             tiles = (tiles[0], int(bn)) + tuple(tiles[2:])
         if bm:

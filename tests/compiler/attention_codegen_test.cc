@@ -780,6 +780,8 @@ TEST(CodegenTest, KeyTile176OnlyOnThePingpong) {
   // list, row data, barriers and alignment), and compiles.
   for (uint32_t d : {128u, 64u}) {
     s.set_head_dim_qk(d);
+    // Head dims 64 / 64 default to 192 rows (three warpgroups, 128 keys only).
+    s.mutable_tuning()->set_block_m(128);
     absl::StatusOr<GeneratedSource> g = Gen(s, "sm_90a");
     ASSERT_TRUE(g.ok()) << d << ": " << g.status();
     EXPECT_EQ(g->tiles.block_n, 176);
@@ -797,6 +799,7 @@ TEST(CodegenTest, KeyTile176OnlyOnThePingpong) {
     }
   }
   s.set_head_dim_qk(128);
+  s.mutable_tuning()->set_block_m(0);
   for (const char* arch : {"sm_90", "sm_80"}) {
     absl::StatusOr<GeneratedSource> bad = Gen(s, arch);
     EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument) << arch;

@@ -41,11 +41,18 @@ def smem_bytes(bm, bn, stages, dqk, dv, elem=2):
             + 64 + 1024)
 
 
-def select_tiles(arch, dqk, dv, sm90a=False):
+# make_spec's mask names as kernels/attention_params.h's KC_MASK_* values.
+MASK_KIND = {"none": 0, "causal": 1, "window": 2, "document": 3, "drafter": 4, "expr": 5}
+
+
+def select_tiles(arch, dqk, dv, sm90a=False, mask="none"):
     """kcache::SelectAttentionTiles without smem_bytes (None when unsupported)."""
     dmax = max(dqk, dv)
-    if arch == 90 and sm90a and dmax <= 128:
-        t = (128, 64 if dmax <= 64 else 128, 8, 2)
+    kind = MASK_KIND[mask]
+    if arch == 90 and sm90a and dqk == dv == 64 and kind <= 2:
+        t = (192, 128, 12, 2)  # three warpgroups (session 23)
+    elif arch == 90 and sm90a and dmax <= 128:
+        t = (128, 64 if dmax <= 64 else (176 if kind == 1 and dqk == 128 else 128), 8, 2)
     else:
         t = (128, 64, 4, 2) if dmax <= 64 else (128, 32, 4, 2) if dmax <= 128 else (64, 32, 4, 2)
     limit = {80: 166912, 86: 101376, 89: 101376, 90: 232448}.get(arch, 0)
@@ -57,19 +64,20 @@ def select_tiles(arch, dqk, dv, sm90a=False):
 def check_tiles_against_header():
     """SelectAttentionTiles from kernels/attention_tiles.h (through NVRTC) == select_tiles()."""
     import re
-    combos = [(a, q, v, x) for a in (80, 86, 89, 90) for q in (64, 128, 256)
-              for v in (64, 128, 256) for x in (False, True)]
+    combos = [(a, q, v, x, m) for a in (80, 86, 89, 90) for q in (64, 128, 256)
+              for v in (64, 128, 256) for x in (False, True) for m in sorted(MASK_KIND)]
     src = ['#include "attention_tiles.h"']
-    for i, (a, q, v, x) in enumerate(combos):
+    for i, (a, q, v, x, m) in enumerate(combos):
         src.append('extern "C" __global__ void probe_t%d(long long* o) { constexpr auto t = '
-                   'kcache::SelectAttentionTiles(%d, %d, %d, 0, false, %s); *o = (long long)'
+                   'kcache::SelectAttentionTiles(%d, %d, %d, %d, false, %s); *o = (long long)'
                    't.block_m | ((long long)t.block_n << 12) | ((long long)t.num_warps << 24) | '
                    '((long long)t.stages << 32) | ((long long)t.smem_bytes << 40); }'
-                   % (i, a, q, v, "true" if x else "false"))
+                   % (i, a, q, v, MASK_KIND[m], "true" if x else "false"))
         src.append('extern "C" __global__ void probe_f%d(long long* o) { constexpr auto t = '
-                   'kcache::SelectAttentionTiles(%d, %d, %d, 0, false, %s); *o = (long long)'
+                   'kcache::SelectAttentionTiles(%d, %d, %d, %d, false, %s); *o = (long long)'
                    'kcache::AttentionFwdThreads(t, %s, %d, %d); }'
-                   % (i, a, q, v, "true" if x else "false", "true" if x else "false", q, v))
+                   % (i, a, q, v, MASK_KIND[m], "true" if x else "false", "true" if x else "false",
+                      q, v))
     # Tuned tiles: the ping-pong's shapes (block_n 176; head dim 64 with 128 or more keys)
     # and their neighbours, for fwd_threads.
     tuned = [(t, q, v, x) for t in ((128, 64, 8, 2), (128, 128, 8, 2), (128, 176, 8, 2),
@@ -89,23 +97,23 @@ def check_tiles_against_header():
         if threads != fwd_threads(t, q, v, x):
             bad.append("tiles %s sm90a=%s %d/%d: header threads %s, python %d"
                        % (t, x, q, v, threads, fwd_threads(t, q, v, x)))
-    for i, (a, q, v, x) in enumerate(combos):
+    for i, (a, q, v, x, m) in enumerate(combos):
         body = ptx.split(".entry probe_t%d(" % i, 1)[1].split("ret;", 1)[0]
-        m = re.search(r"mov\.[ub]64\s+%rd\d+,\s*(-?\d+);", body)
-        val = int(m.group(1))
+        mo = re.search(r"mov\.[ub]64\s+%rd\d+,\s*(-?\d+);", body)
+        val = int(mo.group(1))
         got = (val & 4095, (val >> 12) & 4095, (val >> 24) & 255, (val >> 32) & 255, val >> 40)
-        t = select_tiles(a, q, v, x)
+        t = select_tiles(a, q, v, x, m)
         want = (t + (smem_bytes(t[0], t[1], t[3], q, v),)) if t else (0, 0, 0, 0, 0)
         if got != want:
-            bad.append("sm_%d%s %d/%d: header %s, python %s" % (a, "a" if x else "", q, v, got,
-                                                                  want))
+            bad.append("sm_%d%s %d/%d %s: header %s, python %s"
+                       % (a, "a" if x else "", q, v, m, got, want))
         if t:
             body = ptx.split(".entry probe_f%d(" % i, 1)[1].split("ret;", 1)[0]
-            m = re.search(r"mov\.[ub](?:32|64)\s+%r[d]?\d+,\s*(-?\d+);", body)
-            threads = int(m.group(1)) if m else None
+            mo = re.search(r"mov\.[ub](?:32|64)\s+%r[d]?\d+,\s*(-?\d+);", body)
+            threads = int(mo.group(1)) if mo else None
             if threads != fwd_threads(t, q, v, x):
-                bad.append("sm_%d%s %d/%d: header threads %s, python %d"
-                           % (a, "a" if x else "", q, v, threads, fwd_threads(t, q, v, x)))
+                bad.append("sm_%d%s %d/%d %s: header threads %s, python %d"
+                           % (a, "a" if x else "", q, v, m, threads, fwd_threads(t, q, v, x)))
     if bad:
         raise RuntimeError("tile selection out of step: " + "; ".join(bad))
 
@@ -246,7 +254,7 @@ def make_spec(dtype="bf16", dqk=128, dv=None, mask="none", score="none", *, bott
                 drafter_causal=drafter_causal, drafter_window=drafter_window,
                 softcap=float(softcap), scale=float(scale if scale else 1.0 / math.sqrt(dqk)),
                 return_lse=bool(return_lse or backward), arch=arch, sm90a=sm90a,
-                tiles=(tuple(tiles) if tiles else select_tiles(arch, dqk, dv, sm90a)
+                tiles=(tuple(tiles) if tiles else select_tiles(arch, dqk, dv, sm90a, mask)
                        or (0, 0, 0, 0)),
                 expr_mask_code=expr_mask_code, expr_score_code=expr_score_code,
                 extra_defines=tuple(extra_defines) + _env_defines())

@@ -357,7 +357,8 @@ def main():
     if args.sm90a:
         vs = [(n if sp["sm90a"] else n + "_sm90a",
                sp if sp["sm90a"] else dict(sp, arch=90, sm90a=True,
-                                           tiles=K.select_tiles(90, sp["dqk"], sp["dv"], True)))
+                                           tiles=K.select_tiles(90, sp["dqk"], sp["dv"], True,
+                                                                sp["mask"])))
               for n, sp in vs]
     vs = [(n, sp if sp["sm90a"] else dict(sp, arch=args.arch)) for n, sp in vs]
     if not vs:
