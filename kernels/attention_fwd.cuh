@@ -8,9 +8,8 @@
 // whole warpgroups, head dims <= 128) the two GEMMs run as wgmma instead:
 // S = Q K^T with both operands in 128-byte-swizzled shared memory, O += P V
 // with P from registers (the S accumulator layout is the A-fragment layout)
-// and V read transposed. With two warpgroups and 2 stages (head dim 128, or
-// 64 with key tiles of 128 or more), or three over 192 rows (head dim 64;
-// AttentionFwdPingpong), they ping-pong (FlashAttention-3): named barriers
+// and V read transposed. With two warpgroups and 2 stages (head dim 128), or
+// three over 192 rows (head dim 64; AttentionFwdPingpong), they ping-pong (FlashAttention-3): named barriers
 // make them take turns issuing wgmma, a turn issuing S of key tile i and
 // then P V of tile i - 1, so that a warpgroup's softmax runs under its own
 // P V and the others' turns; a producer warpgroup issues the K/V copies,
@@ -141,11 +140,10 @@ constexpr bool kWgmma = false;
 // stages: the warpgroups take turns on the tensor cores (FlashAttention-3's
 // ping-pong), one's softmax under the others' wgmma; loads complete on
 // mbarriers instead of CTA barriers.
-// Head dim 64 ran a little slower ping-ponged with its 64-key tiles (285
-// against 293 TFLOP/s, causal B8 H32 S2048 on an H200; again 1.5 % slower
-// after v12, session 11; kernels/NOTES.md): its GEMMs were too short. Both
-// measurements predate the producer warpgroup; with key tiles of 128 or more
-// (a tuning) head dim 64 ping-pongs again, to be measured (session 23).
+// Head dim 64 ran slower on two warpgroups: 1.5 % with 64-key tiles
+// (session 11), 8 % with 128 (session 23; kernels/NOTES.md), its GEMMs too
+// short; three warpgroups over 192 rows ran 2-3 % faster than the plain
+// wgmma path (session 23).
 // The tiles as attention_tiles.h names them (smem_bytes unused here).
 constexpr AttentionTiles kTiles{kBM, kBN, kNW, kStages, 0};
 // attention_tiles.h's AttentionFwdPingpong decides, so that the launch's
@@ -179,12 +177,12 @@ constexpr int kLaunchRegs = (65536 / kFwdThreadsAll) & ~7;
 static_assert(!kPingpong || ((kNWG == 2 || kNWG == 3) &&
                              (kLaunchRegs - kProducerRegs) >= kNWG * (kConsumerRegs - kLaunchRegs)),
               "the ping-pong's register split takes more than the producer gives up");
-// Named barriers of the ping-pong: 1 + w, warpgroup w's turn; then the
-// compute warps together; then, under kPersist, one per warpgroup.
+// Named barriers of the ping-pong: 1 + w, warpgroup w's turn (kTurnThreads:
+// w and the warpgroup before it take part); then the compute warps together.
 constexpr int kBarTurn = 1;
+constexpr int kTurnThreads = 256;
 constexpr int kBarCompute = kBarTurn + kNWG;
-constexpr int kBarWg = kBarCompute + 1;
-static_assert(kBarWg + kNWG <= 16, "named barriers 0..15");
+static_assert(kBarCompute < 16, "named barriers 0..15");
 // sm_90a with 3+ stages: softmax overlaps the previous tile's P V wgmma.
 constexpr bool kOverlap = kWgmma && !kPingpong && kStages >= 3;
 // Tiles in flight ahead of the one computed.
@@ -196,21 +194,6 @@ constexpr bool kQInRegs =
 constexpr bool kListMask =
     KC_MASK == KC_MASK_DOCUMENT || KC_MASK == KC_MASK_DRAFTER || KC_MASK == KC_MASK_EXPR;
 
-// KC_FWD_PERSISTENT (an experiment, off until measured; kernels/NOTES.md,
-// session 22): on the ping-pong with an analytic mask, a CTA walks items
-// (query tile, head, batch) of the launch order, one of each round of as
-// many items as the grid has CTAs.
-// The next item's first K / V (the producer) and Q (each warpgroup its own
-// rows, once its last S is done) are copied while the current item's last
-// P V and epilogue run, which otherwise each CTA's start pays. Any grid
-// works: the contract's gives one item per CTA; a launcher that knows the
-// SM count launches one per SM. A static order (item_of_round), not the
-// hardware's dynamic one: a model put causal B4 H32 S4096's busiest CTA
-// 3.5 % above the mean on 132 SMs.
-#ifndef KC_FWD_PERSISTENT
-#define KC_FWD_PERSISTENT 0
-#endif
-constexpr bool kPersist = KC_FWD_PERSISTENT && kPingpong && !kListMask;
 
 // Drafter mask: query tiles hold drafter blocks sorted by anchor. A tile of
 // consecutive blocks with unrelated (random) anchors computes every key tile
@@ -254,32 +237,6 @@ constexpr int kSortCap = kSortRoom / 8 < 65535 ? kSortRoom / 8 : 65535;
 // training shape).
 constexpr bool kOwnGather = kDrafterSort && kBM == kBN;
 constexpr int kOwnTile = 0x3fff;  // tile-list index of the gathered tile
-// KC_FWD_OWN_FIRST (an experiment, off until measured; kernels/NOTES.md,
-// session 22): the gathered tile first in the walk instead of last, where
-// its slower copy (rows from kBM / kBlk places, a rolled loop) may be what
-// the random drafter's last tile exposes.
-#ifndef KC_FWD_OWN_FIRST
-#define KC_FWD_OWN_FIRST 0
-#endif
-constexpr bool kOwnFirst = kOwnGather && KC_FWD_OWN_FIRST;
-// KC_FWD_SPECULATE_FIRST (an experiment, off until measured; same place):
-// on the ping-pong, the drafter's producer copies key tile 0 (the first
-// context tile, the list's first entry unless a window or the own tile
-// comes first) into stage 0 as soon as the row data is written, so that the
-// copy overlaps the tile classification instead of following it; on a miss
-// it waits for that copy and loads the list's first tile as before.
-#ifndef KC_FWD_SPECULATE_FIRST
-#define KC_FWD_SPECULATE_FIRST 0
-#endif
-constexpr bool kSpeculate = KC_FWD_SPECULATE_FIRST && kPingpong && KC_MASK == KC_MASK_DRAFTER;
-// KC_FWD_GATHER_BY_BLOCK (an experiment, off until measured; same place):
-// the drafter's gathered copies (a permuted tile's Q, the own tile's K and
-// V) a block at a time (load_tile_blocks) instead of load_tile_rows' rolled
-// loop: 2.7x fewer instructions for the producer's own-tile copy. Unrolling
-// that loop instead spilled 1 KB of the producer's 24 registers.
-#ifndef KC_FWD_GATHER_BY_BLOCK
-#define KC_FWD_GATHER_BY_BLOCK 0
-#endif
 
 // ---------------------------------------------------------------------------
 // PTX wrappers
@@ -546,9 +503,8 @@ __device__ __forceinline__ unsigned long long smem_desc(unsigned addr, unsigned 
 // r * 2D + ((c ^ (r & 7)) * 16) for ldmatrix, or in wgmma's canonical
 // 128-byte-swizzled K-major layout. Rows at or past `len` are zero-filled.
 // THREADS threads (tid in [0, THREADS)) share the copy; the backward passes
-// its own count and the ldmatrix layout. BLOCK_ROWS: rows of the wgmma
-// layout's 64-column blocks (a copy of some rows of a taller tile).
-template <int ROWS, int D, int THREADS = kThreads, bool WGMMA = kWgmma, int BLOCK_ROWS = ROWS>
+// its own count and the ldmatrix layout.
+template <int ROWS, int D, int THREADS = kThreads, bool WGMMA = kWgmma>
 __device__ __forceinline__ void load_tile(unsigned sdst, const elem_t* g, long long stride,
                                           int row0, int len, int tid) {
   constexpr int kChunks = D / 8;
@@ -570,7 +526,7 @@ __device__ __forceinline__ void load_tile(unsigned sdst, const elem_t* g, long l
       const int c = tid % kChunks;
       const int r0 = tid / kChunks;
       const unsigned d0 =
-          WGMMA ? sdst + (c >> 3) * (BLOCK_ROWS * 128) + r0 * 128 + (((c & 7) ^ (r0 & 7)) << 4)
+          WGMMA ? sdst + (c >> 3) * (ROWS * 128) + r0 * 128 + (((c & 7) ^ (r0 & 7)) << 4)
                 : sdst + r0 * (D * 2) + ((c ^ (r0 & 7)) << 4);
       const elem_t* src = g + (long long)(row0 + r0) * stride + c * 8;
       const long long step = (long long)kPass * stride;
@@ -593,9 +549,8 @@ __device__ __forceinline__ void load_tile(unsigned sdst, const elem_t* g, long l
     const bool ok = row0 + r < len;
     const elem_t* src = ok ? g + (long long)(row0 + r) * stride + c * 8 : g;
     if constexpr (WGMMA) {
-      // [D / 64][BLOCK_ROWS][64]: 128-byte rows, chunk (c % 8) ^ (r % 8) (Swizzle<3,4,3>).
-      cp_async16(sdst + (c >> 3) * (BLOCK_ROWS * 128) + r * 128 + (((c & 7) ^ (r & 7)) << 4), src,
-                 ok);
+      // [D / 64][ROWS][64]: 128-byte rows, chunk (c % 8) ^ (r % 8) (Swizzle<3,4,3>).
+      cp_async16(sdst + (c >> 3) * (ROWS * 128) + r * 128 + (((c & 7) ^ (r & 7)) << 4), src, ok);
     } else {
       cp_async16(sdst + r * (D * 2) + ((c ^ (r & 7)) << 4), src, ok);
     }
@@ -634,48 +589,6 @@ __device__ __forceinline__ void load_tile_rows(unsigned sdst, const elem_t* g, l
   }
 }
 
-// load_tile_rows for tiles gathered a block of BLK rows at a time (the
-// drafter's permuted Q and its gathered own keys): tile rows [s BLK,
-// (s + 1) BLK) are source rows block_row(s) + 0 .. BLK - 1 (block_row(s) < 0:
-// the block is zero-filled); rows from `nrows` on and source rows from `len`
-// on are zero-filled too. Each thread copies one column chunk of rows r0,
-// r0 + P, ... (P rows a pass, a multiple of 8, so all of them share r0's
-// swizzle key): with BLK a multiple of P, per block one row lookup and one
-// address, then BLK / P copies stepping by P rows, where load_tile_rows'
-// rolled loop spends a division and a row lookup on each 16-byte copy.
-template <int ROWS, int D, int BLK, int THREADS, bool WGMMA, typename BlockRow>
-__device__ __forceinline__ void load_tile_blocks(unsigned sdst, const elem_t* g, long long stride,
-                                                 BlockRow block_row, int nrows, int len, int tid) {
-  constexpr int kChunks = D / 8;
-  constexpr int kPass = THREADS / kChunks;
-  static_assert(THREADS % kChunks == 0 && kPass % 8 == 0 && BLK % kPass == 0 && ROWS % BLK == 0,
-                "a block is whole passes of the copy");
-  const int c = tid % kChunks;
-  const int r0 = tid / kChunks;
-  const unsigned d0 = WGMMA
-                          ? sdst + (c >> 3) * (ROWS * 128) + r0 * 128 + (((c & 7) ^ (r0 & 7)) << 4)
-                          : sdst + r0 * (D * 2) + ((c ^ (r0 & 7)) << 4);
-  const long long step = (long long)kPass * stride;
-#pragma unroll 1
-  for (int s = 0; s < ROWS / BLK; ++s) {
-    const int first = block_row(s);
-    const int src0 = first + r0;  // the source row of tile row s BLK + r0
-    const elem_t* src = g + (long long)src0 * stride + c * 8;
-#pragma unroll
-    for (int j = 0; j < BLK / kPass; ++j) {
-      const bool ok = first >= 0 && s * BLK + j * kPass + r0 < nrows && src0 + j * kPass < len;
-      cp_async16(d0 + (s * BLK + j * kPass) * (WGMMA ? 128 : D * 2), ok ? src : g, ok);
-      src += step;
-    }
-  }
-}
-// Whether load_tile_blocks copies tiles of D columns in BLK-row blocks with
-// THREADS threads.
-template <int D, int BLK, int THREADS>
-__host__ __device__ constexpr bool TileBlocksFit() {
-  return THREADS % (D / 8) == 0 && (THREADS / (D / 8)) % 8 == 0 && BLK % (THREADS / (D / 8)) == 0;
-}
-
 __device__ __forceinline__ int imin(int a, int b) { return a < b ? a : b; }
 __device__ __forceinline__ int imax(int a, int b) { return a > b ? a : b; }
 
@@ -685,9 +598,9 @@ __device__ __forceinline__ int imax(int a, int b) { return a > b ? a : b; }
 // slowest, so that the chunk's tile 0 of every pair starts first (callers
 // map tile 0 to their heaviest tile). The list scheduling this gives is
 // near longest-first.
-// launch_order_at: item `lin` of an (nt, ny, nyz / ny) grid in that order.
-__device__ __forceinline__ void launch_order_at(int lin, int nt, int ny, int nyz, int& tile, int& y,
-                                                int& z, int chunk_pairs) {
+__device__ __forceinline__ void launch_order(int& tile, int& y, int& z, int chunk_pairs) {
+  const int nt = gridDim.x, ny = gridDim.y, nyz = gridDim.y * gridDim.z;
+  const int lin = blockIdx.x + nt * (blockIdx.y + ny * blockIdx.z);
   const int cp = imin(chunk_pairs, nyz);
   const int chunk = lin / (nt * cp);
   const int in = lin - chunk * nt * cp;
@@ -696,11 +609,6 @@ __device__ __forceinline__ void launch_order_at(int lin, int nt, int ny, int nyz
   const int yz = chunk * cp + in % csize;
   y = yz % ny;
   z = yz / ny;
-}
-__device__ __forceinline__ void launch_order(int& tile, int& y, int& z, int chunk_pairs) {
-  const int nt = gridDim.x, ny = gridDim.y, nyz = gridDim.y * gridDim.z;
-  const int lin = blockIdx.x + nt * (blockIdx.y + ny * blockIdx.z);
-  launch_order_at(lin, nt, ny, nyz, tile, y, z, chunk_pairs);
 }
 // (batch, head) pairs per chunk of the forward's launch order: four query
 // heads share a key / value head under the drafter's GQA (8 gave the same
@@ -866,53 +774,15 @@ extern "C" __global__ void __launch_bounds__(kcache::attn_fwd::kFwdThreadsAll)
   // (launch_order). Measured (H200, kernels/NOTES.md, session 21): causal
   // B4 H32 S4096 D128 -2 % against each pair's tiles in turn, whose last
   // heavy tiles started late.
-  // The item (query tile, head, batch) this CTA computes; kPersist: one
-  // item of each round of n_workers items (item_of_round; each pass of the
-  // walk below sets these).
   int mtile, h, b;
-  int m0, mlast, hkv;  // first row, last valid row, K / V head
-  const elem_t* qg;
-  const elem_t* kg;
-  const elem_t* vg;
-  const int n_item_tiles = (p.q_len + kBM - 1) / kBM;
-  const int n_items = n_item_tiles * p.num_q_heads * p.batch;
-  const int n_workers = gridDim.x * gridDim.y * gridDim.z;
-  const int cta = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
-  // Round k's items go to the CTAs in turn, every other round in reverse: a
-  // model of causal B4 H32 S4096 put the busiest CTA at 1.00-1.09x the mean
-  // for 78-148 CTAs, where turns in one direction gave 1.94x at 128.
-  auto item_of_round = [&](int k) { return k * n_workers + ((k & 1) ? n_workers - 1 - cta : cta); };
-  int round = 0;
-  int item = cta;
-  (void)n_items;
-  (void)item_of_round;
-  // kPersist: item `it`'s query tile, head and batch (heavy tiles first).
-  auto item_at = [&](int it, int& tile, int& hh, int& bb) {
-    launch_order_at(it, n_item_tiles, p.num_q_heads, p.num_q_heads * p.batch, tile, hh, bb,
-                    kFwdHeadChunk);
-    tile = n_item_tiles - 1 - tile;
-  };
-  (void)item_at;
-  // Row 0 of batch bb, query head hh in Q.
-  auto q_head = [&](int bb, int hh) {
-    return static_cast<const elem_t*>(p.q) + bb * p.q_stride_b + hh * p.q_stride_h;
-  };
-  auto set_item = [&]() {
-    if constexpr (kPersist) {
-      item_at(item, mtile, h, b);
-    } else {
-      launch_order(mtile, h, b, kFwdHeadChunk);
-      mtile = gridDim.x - 1 - mtile;
-    }
-    m0 = mtile * kBM;
-    hkv = h / (p.num_q_heads / p.num_kv_heads);
-    mlast = imin(m0 + kBM, p.q_len) - 1;
-    qg = q_head(b, h);
-    kg = static_cast<const elem_t*>(p.k) + b * p.k_stride_b + hkv * p.k_stride_h;
-    vg = static_cast<const elem_t*>(p.v) + b * p.v_stride_b + hkv * p.v_stride_h;
-  };
-  if (kPersist && item >= n_items) return;  // a grid larger than the work
-  set_item();
+  launch_order(mtile, h, b, kFwdHeadChunk);
+  mtile = gridDim.x - 1 - mtile;
+  const int m0 = mtile * kBM;
+  const int hkv = h / (p.num_q_heads / p.num_kv_heads);
+  const int mlast = imin(m0 + kBM, p.q_len) - 1;  // last valid row of this tile
+  const elem_t* qg = static_cast<const elem_t*>(p.q) + b * p.q_stride_b + h * p.q_stride_h;
+  const elem_t* kg = static_cast<const elem_t*>(p.k) + b * p.k_stride_b + hkv * p.k_stride_h;
+  const elem_t* vg = static_cast<const elem_t*>(p.v) + b * p.v_stride_b + hkv * p.v_stride_h;
   const int q_len = p.q_len;
   const int kv_len = p.kv_len;
   const int n_kv_tiles = (kv_len + kBN - 1) / kBN;
@@ -971,13 +841,7 @@ extern "C" __global__ void __launch_bounds__(kcache::attn_fwd::kFwdThreadsAll)
   if (producer) {
     // Q is the compute threads' copy.
   } else if (permute) {  // rolled: once per CTA (unrolled, ~400 PTX lines of NVRTC time)
-    constexpr int kBlk = KC_DRAFTER_BLOCK;
-    if constexpr (KC_FWD_GATHER_BY_BLOCK && TileBlocksFit<kDQK, kBlk, kThreads>()) {
-      load_tile_blocks<kBM, kDQK, kBlk, kThreads, kWgmma>(
-          sQ, qg, p.q_stride_s, [&](int s) { return src_row(s * kBlk); }, kBM, q_len, tid);
-    } else {
-      load_tile_rows<kBM, kDQK, kThreads, kWgmma, true>(sQ, qg, p.q_stride_s, src_row, tid);
-    }
+    load_tile_rows<kBM, kDQK, kThreads, kWgmma, true>(sQ, qg, p.q_stride_s, src_row, tid);
   } else {
     load_tile<kBM, kDQK>(sQ, qg, p.q_stride_s, m0, q_len, tid);
   }
@@ -999,18 +863,14 @@ extern "C" __global__ void __launch_bounds__(kcache::attn_fwd::kFwdThreadsAll)
   n_iter = n_kv_tiles;
 #elif KC_MASK == KC_MASK_CAUSAL || KC_MASK == KC_MASK_SLIDING_WINDOW
   const int off = KC_MASK_BOTTOM_RIGHT ? kv_len - q_len : 0;
-  // The item's key tiles (again for each item under kPersist).
-  auto key_range = [&]() {
-    first = 0;
-    n_iter = 0;
+  {
     const int kv_lo = kWinLeft < 0 ? 0 : imax(0, m0 + off - kWinLeft);
     const int kv_hi = kWinRight < 0 ? kv_len : imin(kv_len, mlast + off + kWinRight + 1);
     if (kv_hi > kv_lo) {
       first = kv_lo / kBN;
       n_iter = (kv_hi + kBN - 1) / kBN - first;
     }
-  };
-  key_range();
+  }
 #else
   // List masks: classify every key tile into tile_list[t] (0/1/2), then
   // compact the non-empty ones in place as (t | class << 14).
@@ -1089,12 +949,6 @@ extern "C" __global__ void __launch_bounds__(kcache::attn_fwd::kFwdThreadsAll)
     rowdata[r] = rd;
   }
   __syncthreads();
-  // kSpeculate: the K / V stages are free from here (the block order in them
-  // was last read by the row data above).
-  if (kSpeculate && producer) {
-    load_tile<kBN, kDQK, kLoadThreads>(sK, kg, p.k_stride_s, 0, kv_len, tid_real - kThreads);
-    load_tile<kBN, kDV, kLoadThreads>(sV, vg, p.v_stride_s, 0, kv_len, tid_real - kThreads);
-  }
   if (use_list) {
     const int nrows = mlast - m0 + 1;
     for (int t = tid; t < n_kv_tiles; t += kThreads) {
@@ -1162,20 +1016,9 @@ extern "C" __global__ void __launch_bounds__(kcache::attn_fwd::kFwdThreadsAll)
         __syncwarp();
       }
       // The gathered own tile last, always partial (its room: the
-      // n_kv_tiles bound on `gather` above). kOwnFirst: first, the key
-      // tiles moved up one (from the top, 32 at a time: a batch is read
-      // before it is written, and above the next batch's).
-      if (kOwnFirst && gather) {
-        for (int top = count; top > 0; top -= 32) {
-          const int i = top - 1 - lane;
-          const unsigned short e = i >= 0 ? tile_list[i] : 0;
-          __syncwarp();
-          if (i >= 0) tile_list[i + 1] = e;
-          __syncwarp();
-        }
-      }
+      // n_kv_tiles bound on `gather` above).
       if (gather && lane == 0) {
-        tile_list[kOwnFirst ? 0 : count] = static_cast<unsigned short>(kOwnTile | (1 << 14));
+        tile_list[count] = static_cast<unsigned short>(kOwnTile | (1 << 14));
       }
       if (gather) ++count;
       if (lane == 0) misc[0] = count;
@@ -1187,18 +1030,6 @@ extern "C" __global__ void __launch_bounds__(kcache::attn_fwd::kFwdThreadsAll)
   }
 #endif
 
-  // kPersist: on to this CTA's next item; false when none is left.
-  auto next_item = [&]() -> bool {
-    item = item_of_round(++round);
-    if (item >= n_items) return false;
-    set_item();
-#if KC_MASK == KC_MASK_CAUSAL || KC_MASK == KC_MASK_SLIDING_WINDOW
-    key_range();
-#endif
-    return true;
-  };
-  (void)next_item;
-
   // K and/or V (parts: 1 K, 2 V, 3 both) of key tile t into the stage at
   // (dk, dv), by kLoadThreads threads (ltid: this thread's index among them).
   auto load_kv = [&](int t, unsigned dk, unsigned dv, int ltid, int parts) {
@@ -1208,28 +1039,11 @@ extern "C" __global__ void __launch_bounds__(kcache::attn_fwd::kFwdThreadsAll)
         const int kv = rowdata[c].z + c % KC_DRAFTER_BLOCK;
         return c <= mlast - m0 && kv < kv_len ? kv : -1;
       };
-      constexpr int kBlk = KC_DRAFTER_BLOCK;
-      constexpr bool kByBlock = KC_FWD_GATHER_BY_BLOCK &&
-                                TileBlocksFit<kDQK, kBlk, kLoadThreads>() &&
-                                TileBlocksFit<kDV, kBlk, kLoadThreads>();
-      const int nrows = mlast - m0 + 1;
-      auto own_block = [&](int s) { return rowdata[s * kBlk].z; };
       if (parts & 1) {
-        if constexpr (kByBlock) {
-          load_tile_blocks<kBN, kDQK, kBlk, kLoadThreads, kWgmma>(dk, kg, p.k_stride_s, own_block,
-                                                                  nrows, kv_len, ltid);
-        } else {
-          load_tile_rows<kBN, kDQK, kLoadThreads, kWgmma, true>(dk, kg, p.k_stride_s, own_row,
-                                                                ltid);
-        }
+        load_tile_rows<kBN, kDQK, kLoadThreads, kWgmma, true>(dk, kg, p.k_stride_s, own_row, ltid);
       }
       if (parts & 2) {
-        if constexpr (kByBlock) {
-          load_tile_blocks<kBN, kDV, kBlk, kLoadThreads, kWgmma>(dv, vg, p.v_stride_s, own_block,
-                                                                 nrows, kv_len, ltid);
-        } else {
-          load_tile_rows<kBN, kDV, kLoadThreads, kWgmma, true>(dv, vg, p.v_stride_s, own_row, ltid);
-        }
+        load_tile_rows<kBN, kDV, kLoadThreads, kWgmma, true>(dv, vg, p.v_stride_s, own_row, ltid);
       }
       return;
     }
@@ -1259,30 +1073,18 @@ extern "C" __global__ void __launch_bounds__(kcache::attn_fwd::kFwdThreadsAll)
     if (producer) {
       asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs) : "memory");
       const int ptid = tid_real - kThreads;
-      // Tile gi = gbase + i of the CTA's walk sits in stage gi & 1: under
-      // kPersist the barriers' phases run on across items.
-      int gbase = 0;
-      for (;;) {
-        for (int i = 0; i < n_iter; ++i) {
-          const int gi = gbase + i;
-          const int st = gi & 1;
-          const int t = use_list ? (tile_list[i] & 0x3fff) : first + i;
-          // kSpeculate: tile 0 is in stage 0 already when it comes first;
-          // otherwise its copies land before the stage is written again.
-          const bool copied = kSpeculate && i == 0 && t == 0;
-          if (kSpeculate && i == 0 && t != 0) cp_async_wait<0>();
-          // K(i) after V(i - 1): a thread's kfull arrival then also means
-          // that its V(i - 1) landed (the compute loop relies on it).
-          if (gi >= 2) mbar_wait(bar_kempty + 8 * st, ((gi >> 1) - 1) & 1);
-          if (!copied) load_kv(t, sK + st * kKBytes, sV + st * kVBytes, ptid, 1);
-          mbar_arrive_cp_async(bar_kfull + 8 * st);
-          if (gi >= 2) mbar_wait(bar_vempty + 8 * st, ((gi >> 1) - 1) & 1);
-          if (!copied) load_kv(t, sK + st * kKBytes, sV + st * kVBytes, ptid, 2);
-          mbar_arrive_cp_async(bar_vfull + 8 * st);
-        }
-        if (!kPersist) break;
-        gbase += n_iter;
-        if (!next_item()) break;
+      // Tile i sits in stage i & 1.
+      for (int i = 0; i < n_iter; ++i) {
+        const int st = i & 1;
+        const int t = use_list ? (tile_list[i] & 0x3fff) : first + i;
+        // K(i) after V(i - 1): a thread's kfull arrival then also means
+        // that its V(i - 1) landed (the compute loop relies on it).
+        if (i >= 2) mbar_wait(bar_kempty + 8 * st, ((i >> 1) - 1) & 1);
+        load_kv(t, sK + st * kKBytes, sV + st * kVBytes, ptid, 1);
+        mbar_arrive_cp_async(bar_kfull + 8 * st);
+        if (i >= 2) mbar_wait(bar_vempty + 8 * st, ((i >> 1) - 1) & 1);
+        load_kv(t, sK + st * kKBytes, sV + st * kVBytes, ptid, 2);
+        mbar_arrive_cp_async(bar_vfull + 8 * st);
       }
       cp_async_wait<0>();
       return;
@@ -1329,24 +1131,20 @@ extern "C" __global__ void __launch_bounds__(kcache::attn_fwd::kFwdThreadsAll)
   float o[kMT][kDT][4];
   float m_run[kMT][2];
   float l_run[kMT][2];
-  // O, the running max and sum of an item before its first key tile.
-  auto zero_acc = [&]() {
 #pragma unroll
-    for (int mt = 0; mt < kMT; ++mt) {
+  for (int mt = 0; mt < kMT; ++mt) {
 #pragma unroll
-      for (int dt = 0; dt < kDT; ++dt) {
+    for (int dt = 0; dt < kDT; ++dt) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) o[mt][dt][e] = 0.f;
-      }
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        m_run[mt][hh] = neg_inf();
-        l_run[mt][hh] = 0.f;
-      }
+      for (int e = 0; e < 4; ++e) o[mt][dt][e] = 0.f;
     }
-  };
-  zero_acc();
-  int row_base = m0 + warp * kWM + g;  // + mt * 16 + hh * 8
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      m_run[mt][hh] = neg_inf();
+      l_run[mt][hh] = 0.f;
+    }
+  }
+  const int row_base = m0 + warp * kWM + g;  // + mt * 16 + hh * 8
   // Query index of this thread's row (mt, hh): drafter rows may be permuted.
   auto q_of = [&](int mt, int hh) -> int {
 #if KC_MASK == KC_MASK_DRAFTER
@@ -1358,7 +1156,7 @@ extern "C" __global__ void __launch_bounds__(kcache::attn_fwd::kFwdThreadsAll)
     return row_base + mt * 16 + hh * 8;
   };
 #if KC_SCORE_MOD == KC_SCORE_ALIBI
-  float alibi_slope = p.alibi_slopes[h];
+  const float alibi_slope = p.alibi_slopes[h];
 #endif
 
   // ---- the pieces of one iteration (lambdas, inlined) ----------------------
@@ -1760,6 +1558,8 @@ extern "C" __global__ void __launch_bounds__(kcache::attn_fwd::kFwdThreadsAll)
 #endif
 
   // ---- epilogue: O = acc / l (0 where nothing was visible), LSE ----------
+  // Run after the walk (below); a lambda because written out there it
+  // compiled with a branch inverted, and the measured SASS is kept.
   auto write_out = [&]() {
     elem_t* og = static_cast<elem_t*>(p.o) + b * p.o_stride_b + h * p.o_stride_h;
 #pragma unroll
@@ -1792,10 +1592,9 @@ extern "C" __global__ void __launch_bounds__(kcache::attn_fwd::kFwdThreadsAll)
   if constexpr (kPingpong) {
     // Named barriers kBarTurn + w order the warpgroups' wgmma issues:
     // warpgroup w waits on its own, then lets the next go (arrive on w + 1's,
-    // round robin; two warpgroups take part in each, 256 threads). Warpgroup
+    // round robin; two warpgroups take part in each, kTurnThreads). Warpgroup
     // 0 starts; the last arrival of the last warpgroup is skipped so that
-    // none is left pending at exit (or at the next item). kBarCompute: the
-    // compute warps alone.
+    // none is left pending at exit. kBarCompute: the compute warps alone.
     const int wg = warp >> 2;
     // (Written out at each use, not held in registers: the two-warpgroup
     // build then compiles as it did before three existed.)
@@ -1813,30 +1612,10 @@ extern "C" __global__ void __launch_bounds__(kcache::attn_fwd::kFwdThreadsAll)
     // drafter -8..-10 %, against the copies on the compute warps and a turn
     // per GEMM.
     unsigned pa_prev[kKV][4];  // P of the tile before, for the next turn's P V
-    // Tile i of the item is tile gbase + i of the CTA's walk (the producer's
-    // numbering): its stage and barrier phases.
-    int gbase = 0;
-    // kPersist: a warpgroup's S reads only its own 64 rows of Q, so once its
-    // last S of an item is done (all four warps: named barrier kBarWg + wg), it
-    // copies its rows of the next item's Q.
-    constexpr int kWgRows = 4 * kWM;  // a warpgroup's rows of the tile
-    auto copy_next_q = [&]() {
-      const int next = item_of_round(round + 1);
-      if (next >= n_items) return;
-      int t, hn, bn;
-      item_at(next, t, hn, bn);
-      named_bar_sync(kBarWg + wg, 128);
-      load_tile<kWgRows, kDQK, 128, true, kBM>(sQ + wg * (kWgRows * 128), q_head(bn, hn),
-                                               p.q_stride_s, t * kBM + wg * kWgRows, q_len,
-                                               tid & 127);
-      cp_async_commit();
-    };
-    (void)copy_next_q;
     auto tile_front = [&](int i, int& n0, int& wcls, unsigned(&vbits)[kVW]) {
       // K of tile i landed, and V of tile i - 1 with it (the producer
       // issues V(i - 1) before K(i)).
-      const int gi = gbase + i;
-      mbar_wait(bar_kfull + 8 * (gi & 1), (gi >> 1) & 1);
+      mbar_wait(bar_kfull + 8 * (i & 1), (i >> 1) & 1);
       fence_proxy_async();  // the producer's cp.async writes -> this thread's wgmma
       int tile, cls;
       tile_of(i, tile, cls);
@@ -1846,88 +1625,67 @@ extern "C" __global__ void __launch_bounds__(kcache::attn_fwd::kFwdThreadsAll)
     // S waited: K of tile i is free.
     auto release_k = [&](int i) {
       __syncwarp();
-      if (lane == 0) mbar_arrive(bar_kempty + 8 * ((gbase + i) & 1));
+      if (lane == 0) mbar_arrive(bar_kempty + 8 * (i & 1));
     };
-    for (;;) {  // once, or under kPersist once per item
-      if (n_iter > 0 && wg == kNWG - 1) named_bar_arrive(kBarTurn, 256);
-      if (n_iter > 0) {
-        int n0, wcls;
-        unsigned vbits[kVW];
-        tile_front(0, n0, wcls, vbits);
-        float s[kMT][kNT][4];
-        float alpha[kMT][2];
-        named_bar_sync(kBarTurn + wg, 256);
-        qk_wgmma(s, gbase & 1);
-        named_bar_arrive(next_turn(), 256);
-        wgmma_wait<0>();
-        fence_regs(s[0]);
-        release_k(0);
-        softmax_to_p(s, alpha, pa_prev, n0, wcls, vbits);  // O is 0: its rescale is moot
+    if (n_iter > 0 && wg == kNWG - 1) named_bar_arrive(kBarTurn, kTurnThreads);
+    if (n_iter > 0) {
+      int n0, wcls;
+      unsigned vbits[kVW];
+      tile_front(0, n0, wcls, vbits);
+      float s[kMT][kNT][4];
+      float alpha[kMT][2];
+      named_bar_sync(kBarTurn + wg, kTurnThreads);
+      qk_wgmma(s, 0);
+      named_bar_arrive(next_turn(), kTurnThreads);
+      wgmma_wait<0>();
+      fence_regs(s[0]);
+      release_k(0);
+      softmax_to_p(s, alpha, pa_prev, n0, wcls, vbits);  // O is 0: its rescale is moot
+    }
+    for (int i = 1; i < n_iter; ++i) {
+      const int stage = i & 1;
+      int n0, wcls;
+      unsigned vbits[kVW];
+      tile_front(i, n0, wcls, vbits);
+      float s[kMT][kNT][4];
+      float alpha[kMT][2];
+      named_bar_sync(kBarTurn + wg, kTurnThreads);
+      qk_wgmma(s, stage);
+      pv_wgmma(pa_prev, stage ^ 1);
+      named_bar_arrive(next_turn(), kTurnThreads);
+      wgmma_wait<1>();
+      fence_regs(s[0]);
+      release_k(i);
+      // P stays in s until P V(i - 1) is waited: the compiler sees pa_prev
+      // dead once the wgmma that reads it asynchronously is issued, so
+      // packing before the wait could reuse its registers (ptxas then
+      // serializes every wgmma, C7513).
+      bool rescale = false;
+      if (wcls != 0) {
+        score_and_mask(s, n0, wcls, vbits);
+        rescale = softmax(s, alpha);
       }
-      for (int i = 1; i < n_iter; ++i) {
-        const int stage = (gbase + i) & 1;
-        int n0, wcls;
-        unsigned vbits[kVW];
-        tile_front(i, n0, wcls, vbits);
-        float s[kMT][kNT][4];
-        float alpha[kMT][2];
-        named_bar_sync(kBarTurn + wg, 256);
-        qk_wgmma(s, stage);
-        pv_wgmma(pa_prev, stage ^ 1);
-        named_bar_arrive(next_turn(), 256);
-        wgmma_wait<1>();
-        fence_regs(s[0]);
-        release_k(i);
-        // P stays in s until P V(i - 1) is waited: the compiler sees pa_prev
-        // dead once the wgmma that reads it asynchronously is issued, so
-        // packing before the wait could reuse its registers (ptxas then
-        // serializes every wgmma, C7513).
-        bool rescale = false;
-        if (wcls != 0) {
-          score_and_mask(s, n0, wcls, vbits);
-          rescale = softmax(s, alpha);
-        }
-        wgmma_wait<0>();
-        fence_regs(o[0]);
-        __syncwarp();
-        if (lane == 0) mbar_arrive(bar_vempty + 8 * (stage ^ 1));  // V of tile i - 1 is free
-        if (rescale) rescale_o(alpha);
-        if (wcls != 0) {
-          pack_p(s, pa_prev);
-        } else {
-          zero_p(pa_prev);
-        }
+      wgmma_wait<0>();
+      fence_regs(o[0]);
+      __syncwarp();
+      if (lane == 0) mbar_arrive(bar_vempty + 8 * (stage ^ 1));  // V of tile i - 1 is free
+      if (rescale) rescale_o(alpha);
+      if (wcls != 0) {
+        pack_p(s, pa_prev);
+      } else {
+        zero_p(pa_prev);
       }
-      // Every S of the item is done: Q's rows are free for the next item's.
-      if constexpr (kPersist) copy_next_q();
-      if (n_iter > 0) {  // the last tile's P V
-        const int last = gbase + n_iter - 1;
-        mbar_wait(bar_vfull + 8 * (last & 1), (last >> 1) & 1);
-        fence_proxy_async();
-        named_bar_sync(kBarTurn + wg, 256);
-        pv_wgmma(pa_prev, last & 1);
-        if (kNWG == 2 ? wg == 0 : wg != kNWG - 1)
-          named_bar_arrive(next_turn(), 256);  // none left pending at exit
-        wgmma_wait<0>();
-        fence_regs(o[0]);
-        if constexpr (kPersist) {  // the next item's V will need its stage
-          __syncwarp();
-          if (lane == 0) mbar_arrive(bar_vempty + 8 * (last & 1));
-        }
-      }
-      if constexpr (!kPersist) break;
-      // The next item's Q and first K / V are on their way meanwhile.
-      write_out();
-      gbase += n_iter;
-      if (!next_item()) return;
-      row_base = m0 + warp * kWM + g;
-#if KC_SCORE_MOD == KC_SCORE_ALIBI
-      alibi_slope = p.alibi_slopes[h];
-#endif
-      zero_acc();
-      cp_async_wait<0>();  // this thread's copies of the warpgroup's Q rows
+    }
+    if (n_iter > 0) {  // the last tile's P V
+      const int last = n_iter - 1;
+      mbar_wait(bar_vfull + 8 * (last & 1), (last >> 1) & 1);
       fence_proxy_async();
-      named_bar_sync(kBarWg + wg, 128);  // ... and its other threads'
+      named_bar_sync(kBarTurn + wg, kTurnThreads);
+      pv_wgmma(pa_prev, last & 1);
+      if (kNWG == 2 ? wg == 0 : wg != kNWG - 1)
+        named_bar_arrive(next_turn(), kTurnThreads);  // none left pending at exit
+      wgmma_wait<0>();
+      fence_regs(o[0]);
     }
   } else
 #endif

@@ -2,9 +2,10 @@
 // Used on the host by the code generator (to choose KC_BLOCK_M/N, KC_NUM_WARPS,
 // KC_STAGES, the launch's thread count and its dynamic shared memory) and by
 // the template itself under NVRTC (static_asserts). Everything is constexpr
-// and header-only; it includes nothing, so it compiles as host C++17 and
-// under NVRTC alike.
+// and header-only; it includes only attention_params.h (plain data, for the
+// KC_MASK_* values), so it compiles as host C++17 and under NVRTC alike.
 #pragma once
+#include "attention_params.h"
 
 // Under NVRTC (and nvcc) these functions must be usable in device code too.
 #if defined(__CUDACC__)
@@ -60,21 +61,22 @@ KC_TILES_HD constexpr bool AttentionHeadDimSupported(int d) {
 
 // sm_90a's ping-pong forward (attention_fwd.cuh, kPingpong): warpgroups of
 // 16-row warps that take turns on the tensor cores, two stages. Two
-// warpgroups (block_m 128) for head dim QK 128, or 64 / 64 with key tiles of
-// 128 or more; three (block_m 192, FlashAttention-3's shape for head dim 64)
-// for 64 / 64 with key tiles of 128. The head dim 64 shapes are
-// tunings while they are measured: its default 64-key tiles keep the plain
-// wgmma path (and the drafter's gathered own tile needs block_m == block_n,
-// so 192-row drafter tiles go without it). A producer warpgroup beside them issues the K / V
-// copies, so the kernel runs num_warps * 32 + kAttnFwdProducerThreads threads there.
+// warpgroups (block_m 128) for head dim QK 128; three (block_m 192,
+// FlashAttention-3's shape for head dim 64) for 64 / 64 with key tiles of
+// 128, the default under analytic masks (the drafter's gathered own tile
+// needs block_m == block_n, so 192-row drafter tiles go without it). Two
+// warpgroups at head dim 64 measured 8 % slower than the plain wgmma path
+// (kernels/NOTES.md, session 23) and are not built. A producer warpgroup
+// beside them issues the K / V copies, so the kernel runs num_warps * 32 +
+// kAttnFwdProducerThreads threads there.
 constexpr int kAttnFwdProducerThreads = 128;
 KC_TILES_HD constexpr bool AttentionFwdPingpong(const AttentionTiles& t, bool sm90a,
                                                 int head_dim_qk, int head_dim_v) {
-  const bool d64 = head_dim_qk == 64 && head_dim_v == 64 && t.block_n >= 128;
-  const bool two = t.num_warps == 8 && t.block_m == 8 * 16 &&
-                   ((head_dim_qk == 128 && head_dim_v >= 64 && head_dim_v <= 128) || d64);
+  const bool two = t.num_warps == 8 && t.block_m == 8 * 16 && head_dim_qk == 128 &&
+                   head_dim_v >= 64 && head_dim_v <= 128;
   // Three warpgroups get 160 registers each: S of 176 keys spills there.
-  const bool three = t.num_warps == 12 && t.block_m == 12 * 16 && d64 && t.block_n == 128;
+  const bool three = t.num_warps == 12 && t.block_m == 12 * 16 && head_dim_qk == 64 &&
+                     head_dim_v == 64 && t.block_n == 128;
   return sm90a && t.stages == 2 && (two || three);
 }
 
@@ -126,8 +128,8 @@ KC_TILES_HD constexpr int AttentionFwdThreads(const AttentionTiles& t, bool sm90
 }
 
 // The default configuration for a spec, or all zeros when the combination is
-// unsupported. mask_kind is a KC_MASK_* value (0 none, 1 causal, 2 sliding
-// window: the analytic masks); is_fp16 selects fp16 over bf16 (both 2-byte,
+// unsupported. mask_kind is a KC_MASK_* value (none, causal and sliding
+// window are the analytic masks); is_fp16 selects fp16 over bf16 (both 2-byte,
 // same tiles today). sm90a: the target is sm_90a (KC_ARCH_SM90A), where
 // warpgroup-shaped tiles (16 rows per warp) run the wgmma path of
 // attention_fwd.cuh.
@@ -141,7 +143,8 @@ KC_TILES_HD constexpr AttentionTiles SelectAttentionTiles(int arch, int head_dim
     return zero;
   }
   const int dmax = head_dim_qk > head_dim_v ? head_dim_qk : head_dim_v;
-  const bool analytic = mask_kind >= 0 && mask_kind <= 2;
+  const bool analytic = mask_kind == KC_MASK_NONE || mask_kind == KC_MASK_CAUSAL ||
+                        mask_kind == KC_MASK_SLIDING_WINDOW;
   // Measured on an H200 (kernels/NOTES.md). mma.sync: 32 rows per warp, and
   // block_n 32 for head dim 128, which keeps the S and O accumulators within
   // the register file without spills. wgmma (sm_90a): two warpgroups of 64
@@ -153,7 +156,7 @@ KC_TILES_HD constexpr AttentionTiles SelectAttentionTiles(int arch, int head_dim
   if (arch == 90 && sm90a && head_dim_qk == 64 && head_dim_v == 64 && analytic) {
     t = MakeAttentionTiles(192, 128, 12, 2, head_dim_qk, head_dim_v);
   } else if (arch == 90 && sm90a && dmax <= 128) {
-    const int bn = dmax <= 64 ? 64 : (mask_kind == 1 && head_dim_qk == 128 ? 176 : 128);
+    const int bn = dmax <= 64 ? 64 : (mask_kind == KC_MASK_CAUSAL && head_dim_qk == 128 ? 176 : 128);
     t = MakeAttentionTiles(128, bn, 8, 2, head_dim_qk, head_dim_v);
   } else if (dmax <= 64) {
     t = MakeAttentionTiles(128, 64, 4, 2, head_dim_qk, head_dim_v);

@@ -121,7 +121,7 @@ absl::StatusOr<AttentionTiles> ChooseAttentionTiles(const v1::AttentionSpec& spe
         " is not a legal tile configuration for d", dqk, "/", dv, " on ", ArchName(arch),
         " (rows per warp 16 or 32, 2..4 stages, registers and shared memory within limits; "
         "4 or 8 warps; block_n 32, 64 or 128. sm_90a's ping-pong, 2 stages, also takes "
-        "block_n 176 with block_m 128, 8 warps and head dims 128 (V 64..128) or 64/64, and "
+        "block_n 176 with block_m 128, 8 warps and head dim QK 128 (V 64..128), and "
         "12 warps with block_m 192, block_n 128 and head dims 64/64)"));
   }
   return over;

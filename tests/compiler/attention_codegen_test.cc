@@ -775,31 +775,22 @@ TEST(CodegenTest, KeyTile176OnlyOnThePingpong) {
   v1::AttentionSpec s = BaseSpec();
   s.mutable_tuning()->set_block_n(176);
   const bool nvrtc = SharedNvrtc().Load().ok();
-  // Head dims 128 and 64 / 64: the forward launches the ping-pong's 384
-  // threads with its shared memory (Q, two stages of 176-key K and V, the
-  // list, row data, barriers and alignment), and compiles.
-  for (uint32_t d : {128u, 64u}) {
-    s.set_head_dim_qk(d);
-    // Head dims 64 / 64 default to 192 rows (three warpgroups, 128 keys only).
-    s.mutable_tuning()->set_block_m(128);
-    absl::StatusOr<GeneratedSource> g = Gen(s, "sm_90a");
-    ASSERT_TRUE(g.ok()) << d << ": " << g.status();
-    EXPECT_EQ(g->tiles.block_n, 176);
-    EXPECT_THAT(g->source, HasSubstr("#define KC_BLOCK_N 176\n"));
-    ASSERT_FALSE(g->entry_points.empty());
-    EXPECT_EQ(g->entry_points[0].name(), "kcache_attn_fwd");
-    EXPECT_EQ(g->entry_points[0].threads(), 384u) << d;
-    EXPECT_EQ(g->entry_points[0].dynamic_smem_bytes(),
-              static_cast<uint32_t>(
-                  AttentionSmemBytes(128, 176, 2, static_cast<int>(d), static_cast<int>(d), 2)))
-        << d;
-    if (nvrtc) {
-      const absl::Status built = CompileGenerated(*g, "sm_90a");
-      EXPECT_TRUE(built.ok()) << d << ": " << built;
-    }
+  // Head dim 128: the forward launches the ping-pong's 384 threads with its
+  // shared memory (Q, two stages of 176-key K and V, the list, row data,
+  // barriers and alignment), and compiles.
+  absl::StatusOr<GeneratedSource> g = Gen(s, "sm_90a");
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_EQ(g->tiles.block_n, 176);
+  EXPECT_THAT(g->source, HasSubstr("#define KC_BLOCK_N 176\n"));
+  ASSERT_FALSE(g->entry_points.empty());
+  EXPECT_EQ(g->entry_points[0].name(), "kcache_attn_fwd");
+  EXPECT_EQ(g->entry_points[0].threads(), 384u);
+  EXPECT_EQ(g->entry_points[0].dynamic_smem_bytes(),
+            static_cast<uint32_t>(AttentionSmemBytes(128, 176, 2, 128, 128, 2)));
+  if (nvrtc) {
+    const absl::Status built = CompileGenerated(*g, "sm_90a");
+    EXPECT_TRUE(built.ok()) << built;
   }
-  s.set_head_dim_qk(128);
-  s.mutable_tuning()->set_block_m(0);
   for (const char* arch : {"sm_90", "sm_80"}) {
     absl::StatusOr<GeneratedSource> bad = Gen(s, arch);
     EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument) << arch;
@@ -811,9 +802,11 @@ TEST(CodegenTest, KeyTile176OnlyOnThePingpong) {
   absl::StatusOr<GeneratedSource> bad = Gen(s, "sm_90a");
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(bad.status().message()), HasSubstr(" on sm_90a "));
-  // Head dim 64 ping-pongs only with V 64.
-  s.mutable_tuning()->set_block_m(0);
+  // Head dim 64 ping-pongs only on three warpgroups, which take 128 keys
+  // (two measured 8 % slower than the plain wgmma path, session 23).
+  s.mutable_tuning()->set_block_m(128);
   s.set_head_dim_qk(64);
+  EXPECT_EQ(Gen(s, "sm_90a").status().code(), absl::StatusCode::kInvalidArgument);
   s.set_head_dim_v(128);
   EXPECT_EQ(Gen(s, "sm_90a").status().code(), absl::StatusCode::kInvalidArgument);
 }

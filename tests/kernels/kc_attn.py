@@ -48,11 +48,11 @@ MASK_KIND = {"none": 0, "causal": 1, "window": 2, "document": 3, "drafter": 4, "
 def select_tiles(arch, dqk, dv, sm90a=False, mask="none"):
     """kcache::SelectAttentionTiles without smem_bytes (None when unsupported)."""
     dmax = max(dqk, dv)
-    kind = MASK_KIND[mask]
-    if arch == 90 and sm90a and dqk == dv == 64 and kind <= 2:
+    analytic = mask in ("none", "causal", "window")
+    if arch == 90 and sm90a and dqk == dv == 64 and analytic:
         t = (192, 128, 12, 2)  # three warpgroups (session 23)
     elif arch == 90 and sm90a and dmax <= 128:
-        t = (128, 64 if dmax <= 64 else (176 if kind == 1 and dqk == 128 else 128), 8, 2)
+        t = (128, 64 if dmax <= 64 else (176 if mask == "causal" and dqk == 128 else 128), 8, 2)
     else:
         t = (128, 64, 4, 2) if dmax <= 64 else (128, 32, 4, 2) if dmax <= 128 else (64, 32, 4, 2)
     limit = {80: 166912, 86: 101376, 89: 101376, 90: 232448}.get(arch, 0)
@@ -78,7 +78,7 @@ def check_tiles_against_header():
                    'kcache::AttentionFwdThreads(t, %s, %d, %d); }'
                    % (i, a, q, v, MASK_KIND[m], "true" if x else "false", "true" if x else "false",
                       q, v))
-    # Tuned tiles: the ping-pong's shapes (block_n 176; head dim 64 with 128 or more keys)
+    # Tuned tiles: the ping-pong's shapes (block_n 176; three warpgroups for head dim 64)
     # and their neighbours, for fwd_threads.
     tuned = [(t, q, v, x) for t in ((128, 64, 8, 2), (128, 128, 8, 2), (128, 176, 8, 2),
                                     (128, 128, 8, 3), (64, 64, 4, 2), (192, 128, 12, 2),
@@ -133,9 +133,8 @@ BWD_MAX_LIST = 1024     # kAttnBwdMaxList: uint32 tile-list entries
 def fwd_threads(tiles, dqk, dv, sm90a):
     """kcache::AttentionFwdThreads: sm_90a's ping-pong forward has a producer warpgroup."""
     bm, bn, nw, st = tiles
-    d64 = dqk == dv == 64 and bn >= 128
-    two = nw == 8 and bm == 128 and ((dqk == 128 and 64 <= dv <= 128) or d64)
-    three = nw == 12 and bm == 192 and d64 and bn == 128
+    two = nw == 8 and bm == 128 and dqk == 128 and 64 <= dv <= 128
+    three = nw == 12 and bm == 192 and dqk == dv == 64 and bn == 128
     pingpong = bool(sm90a) and st == 2 and (two or three)
     return nw * 32 + (128 if pingpong else 0)
 
@@ -704,14 +703,6 @@ class Kernel:
         bm, bn, nw, st = spec["tiles"]
         self.block_m, self.block_n = bm, bn
         self.threads = fwd_threads(spec["tiles"], spec["dqk"], spec["dv"], spec["sm90a"])
-        # KC_FWD_PERSISTENT (attention_fwd.cuh's kPersist, an experiment): the ping-pong
-        # with an analytic mask walks the items in rounds of the grid's size; launched with
-        # one CTA per SM (KC_FWD_WORKERS=N: N CTAs, for tests of many items per CTA).
-        self.workers = 0  # the persistent forward's CTAs; 0: the contract's grid
-        if (("KC_FWD_PERSISTENT", "1") in tuple(spec.get("extra_defines", ()))
-                and self.threads > nw * 32 and spec["mask"] in ("none", "causal", "window")):
-            self.workers = int(os.environ.get("KC_FWD_WORKERS", "0")) or \
-                torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
         self.smem = smem_bytes(bm, bn, st, spec["dqk"], spec["dv"])
         _check(cu.cuFuncSetAttribute(self.fwd, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                                      self.smem), "cuFuncSetAttribute")
@@ -762,10 +753,8 @@ class Kernel:
                                           stream, args, None), "cuLaunchKernel")
 
     def grid(self, params):
-        g = ((params.q_len + self.block_m - 1) // self.block_m, params.num_q_heads, params.batch)
-        if self.workers:
-            return (max(1, min(g[0] * g[1] * g[2], self.workers)), 1, 1)
-        return g
+        return ((params.q_len + self.block_m - 1) // self.block_m, params.num_q_heads,
+                params.batch)
 
     def new_tile_classes(self, params):
         """The class tensor for the forward's mask build (new_classes), set in `params`."""

@@ -82,9 +82,8 @@ def variants():
         out.append(("fp16_d128_%s_sm90a_t128_128_8_2" % mname,
                     K.make_spec("fp16", 128, tiles=(128, 128, 8, 2), sm90a=True,
                                 **dict(masks)[mname])))
-    # sm_90a's ping-pong with 176-key tiles (a tuning; kernels/NOTES.md, session 23): every
-    # mask on bf16 d128, the common ones elsewhere, and head dim 64 (which ping-pongs with
-    # key tiles of 128 or more; the t128_128 variants above then do too).
+    # sm_90a's ping-pong with 176-key tiles (causal D128's default, a tuning elsewhere;
+    # kernels/NOTES.md, session 23): every mask on bf16 d128, the common ones elsewhere.
     for dtype, dqk, dv in (("bf16", 128, 128), ("fp16", 128, 128), ("bf16", 128, 64)):
         for mname, m in masks:
             if (dtype, dv) != ("bf16", 128) and mname not in ("none", "causal", "win100_20_br",
@@ -92,12 +91,6 @@ def variants():
                 continue
             out.append(("%s_d%d_%d_%s_sm90a_t128_176" % (dtype, dqk, dv, mname),
                         K.make_spec(dtype, dqk, dv, tiles=(128, 176, 8, 2), sm90a=True, **m)))
-    for dtype, mname in (("bf16", "none"), ("bf16", "causal"), ("bf16", "win100_20_br"),
-                         ("bf16", "doc"), ("bf16", "drafter16"), ("bf16", "expr_prefix"),
-                         ("fp16", "none"), ("fp16", "causal")):
-        out.append(("%s_d64_64_%s_sm90a_t128_176" % (dtype, mname),
-                    K.make_spec(dtype, 64, 64, tiles=(128, 176, 8, 2), sm90a=True,
-                                **dict(masks)[mname])))
     # Three compute warpgroups over 192 rows (head dim 64, 128-key tiles; session 23).
     for dtype, mname in (("bf16", "none"), ("bf16", "causal"), ("bf16", "causal_br"),
                          ("bf16", "win37_0"), ("bf16", "win100_20_br"), ("bf16", "doc"),
