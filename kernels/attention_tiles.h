@@ -148,16 +148,15 @@ KC_TILES_HD constexpr AttentionTiles SelectAttentionTiles(int arch, int head_dim
   // Measured on an H200 (kernels/NOTES.md). mma.sync: 32 rows per warp, and
   // block_n 32 for head dim 128, which keeps the S and O accumulators within
   // the register file without spills. wgmma (sm_90a): two warpgroups of 64
-  // rows; block_n 128 for head dim 128 (ping-pong), 176 under a causal mask
-  // (-1.4 / -3.5 % against 128, session 23; not without a mask), 64 for head
-  // dim 64; head dims 64 / 64 under analytic masks: three warpgroups over 192
-  // rows, 128 keys (-2.3 / -3.0 %, causal, session 23).
+  // rows; block_n 128 for head dim 128 (ping-pong; 176 keys did not pay in
+  // four runs, sessions 23-24), 64 for head dim 64; head dims 64 / 64 under
+  // analytic masks: three warpgroups over 192 rows, 128 keys (-2.3 / -3.0 %,
+  // causal, session 23).
   AttentionTiles t = zero;
   if (arch == 90 && sm90a && head_dim_qk == 64 && head_dim_v == 64 && analytic) {
     t = MakeAttentionTiles(192, 128, 12, 2, head_dim_qk, head_dim_v);
   } else if (arch == 90 && sm90a && dmax <= 128) {
-    const int bn = dmax <= 64 ? 64 : (mask_kind == KC_MASK_CAUSAL && head_dim_qk == 128 ? 176 : 128);
-    t = MakeAttentionTiles(128, bn, 8, 2, head_dim_qk, head_dim_v);
+    t = MakeAttentionTiles(128, dmax <= 64 ? 64 : 128, 8, 2, head_dim_qk, head_dim_v);
   } else if (dmax <= 64) {
     t = MakeAttentionTiles(128, 64, 4, 2, head_dim_qk, head_dim_v);
   } else if (dmax <= 128) {

@@ -52,7 +52,7 @@ def select_tiles(arch, dqk, dv, sm90a=False, mask="none"):
     if arch == 90 and sm90a and dqk == dv == 64 and analytic:
         t = (192, 128, 12, 2)  # three warpgroups (session 23)
     elif arch == 90 and sm90a and dmax <= 128:
-        t = (128, 64 if dmax <= 64 else (176 if mask == "causal" and dqk == 128 else 128), 8, 2)
+        t = (128, 64 if dmax <= 64 else 128, 8, 2)
     else:
         t = (128, 64, 4, 2) if dmax <= 64 else (128, 32, 4, 2) if dmax <= 128 else (64, 32, 4, 2)
     limit = {80: 166912, 86: 101376, 89: 101376, 90: 232448}.get(arch, 0)
