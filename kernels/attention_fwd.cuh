@@ -9,12 +9,12 @@
 // S = Q K^T with both operands in 128-byte-swizzled shared memory, O += P V
 // with P from registers (the S accumulator layout is the A-fragment layout)
 // and V read transposed. With two warpgroups and 2 stages (head dim 128), or
-// three over 192 rows (head dim 64; AttentionFwdPingpong), they ping-pong (FlashAttention-3): named barriers
-// make them take turns issuing wgmma, a turn issuing S of key tile i and
-// then P V of tile i - 1, so that a warpgroup's softmax runs under its own
-// P V and the others' turns; a producer warpgroup issues the K/V copies,
-// which complete on mbarriers (cp.async.mbarrier.arrive) instead of a CTA
-// barrier per tile.
+// three over 192 rows (head dim 64; AttentionFwdPingpong), they ping-pong
+// (FlashAttention-3): named barriers make them take turns issuing wgmma, a
+// turn issuing S of key tile i and then P V of tile i - 1, so that a
+// warpgroup's softmax runs under its own P V and the others' turns; a
+// producer warpgroup issues the K/V copies, which complete on mbarriers
+// (cp.async.mbarrier.arrive) instead of a CTA barrier per tile.
 //
 // One CTA computes block_m query rows of one (batch, query head); each warp
 // owns block_m / num_warps rows (16 or 32) and walks the key tiles that the
@@ -193,7 +193,6 @@ constexpr bool kQInRegs =
 
 constexpr bool kListMask =
     KC_MASK == KC_MASK_DOCUMENT || KC_MASK == KC_MASK_DRAFTER || KC_MASK == KC_MASK_EXPR;
-
 
 // Drafter mask: query tiles hold drafter blocks sorted by anchor. A tile of
 // consecutive blocks with unrelated (random) anchors computes every key tile
