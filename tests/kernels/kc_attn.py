@@ -700,7 +700,7 @@ class Kernel:
         from kcache.cuda import load_images
         self.modules = load_images(cubin)  # one module per image, as the clients load them
         self.fwd = self._function("kcache_attn_fwd")
-        bm, bn, nw, st = spec["tiles"]
+        bm, bn, _, st = spec["tiles"]
         self.block_m, self.block_n = bm, bn
         self.threads = fwd_threads(spec["tiles"], spec["dqk"], spec["dv"], spec["sm90a"])
         self.smem = smem_bytes(bm, bn, st, spec["dqk"], spec["dv"])

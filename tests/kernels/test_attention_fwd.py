@@ -82,7 +82,8 @@ def variants():
         out.append(("fp16_d128_%s_sm90a_t128_128_8_2" % mname,
                     K.make_spec("fp16", 128, tiles=(128, 128, 8, 2), sm90a=True,
                                 **dict(masks)[mname])))
-    # sm_90a's ping-pong with 176-key tiles (a tuning; kernels/NOTES.md, sessions 23-24): every mask on bf16 d128, the common ones elsewhere.
+    # sm_90a's ping-pong with 176-key tiles (a tuning; kernels/NOTES.md, sessions 23-24):
+    # every mask on bf16 d128, the common ones elsewhere.
     for dtype, dqk, dv in (("bf16", 128, 128), ("fp16", 128, 128), ("bf16", 128, 64)):
         for mname, m in masks:
             if (dtype, dv) != ("bf16", 128) and mname not in ("none", "causal", "win100_20_br",
