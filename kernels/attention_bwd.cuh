@@ -295,6 +295,30 @@ __device__ __forceinline__ int4 row_data(const AttentionParams& p, int q, RowRaw
   return rd;
 }
 
+#ifndef KC_BWD_DRAFTER_RANGES
+#define KC_BWD_DRAFTER_RANGES 0
+#endif
+// KC_BWD_ITEM_ORDER (an experiment, session 25, not measured yet): a dK/dV
+// CTA walks its query steps from the last query tile down, the heads of its
+// group inner, so that the CTAs of one (batch, key head) that start together
+// read the same Q / dO rows at about the same time (L2), where today each
+// walks one head's tiles upward from its own first visible tile and they
+// drift apart (the drafter's GQA launch runs every pair at once).
+#ifndef KC_BWD_ITEM_ORDER
+#define KC_BWD_ITEM_ORDER 0
+#endif
+#if KC_MASK == KC_MASK_DRAFTER
+// Whether key kv lies in [rd.x, rd.y) or [rd.z, rd.w), for row data with
+// 0 <= x <= y and 0 <= z <= w (row_data) and kv >= -1: each range one
+// subtraction and one unsigned compare, where the signed form took two
+// compares and their combination (the dK/dV's partial steps on the drafter
+// ran ~450 instructions per thread against ~150 on full ones).
+__device__ __forceinline__ bool drafter_sees(int4 rd, int kv) {
+  return static_cast<unsigned>(kv - rd.x) < static_cast<unsigned>(rd.y - rd.x) ||
+         static_cast<unsigned>(kv - rd.z) < static_cast<unsigned>(rd.w - rd.z);
+}
+#endif
+
 // Whether query q sees key kv (the forward's per-element rule, bounds
 // included). rd: q's row data; kv_id: the document id of kv.
 __device__ __forceinline__ bool visible(const AttentionParams& p, int b, int h, int q, int kv,
@@ -306,7 +330,17 @@ __device__ __forceinline__ bool visible(const AttentionParams& p, int b, int h, 
 #elif KC_MASK == KC_MASK_DOCUMENT
   vis = vis && kv_id == rd.x && (!KC_DOC_CAUSAL || kv <= q);
 #elif KC_MASK == KC_MASK_DRAFTER
+#if KC_BWD_DRAFTER_RANGES && KC_BWD_WGMMA
+  // Experiment (session 25, not measured yet): two unsigned range tests.
+  // Only on the wgmma builds: the portable ones spilled a little more with it.
+  // Row data past q_len or of dropped blocks is all zero (row_raw), so the
+  // query needs no test; a key past kv_len becomes -1, in neither range.
+  (void)q;
+  (void)q_len;
+  return drafter_sees(rd, kv < kv_len ? kv : -1);
+#else
   vis = vis && ((kv >= rd.x && kv < rd.y) || (kv >= rd.z && kv < rd.w));
+#endif
 #elif KC_MASK == KC_MASK_EXPR && KC_EXPR_MASK_ROW
   vis = vis && kc_expr_mask_rd(rd, b, h, q, kv, p);
 #elif KC_MASK == KC_MASK_EXPR
@@ -325,8 +359,10 @@ __device__ __forceinline__ bool visible(const AttentionParams& p, int b, int h, 
 // Rows [q, qe) of one drafter block against keys [n0, n1): folds whether any
 // and whether all of the pairs are visible into any / all.
 __device__ __forceinline__ void drafter_rows_class(const AttentionParams& p, int b, int q, int qe,
-                                                   int n0, int n1, bool& any, bool& all) {
-  const RowRaw r = row_raw(p, b, /*h=*/0, q);  // the drafter's rows do not read h
+                                                   int n0, int n1, bool& any, bool& all,
+                                                   const RowRaw* pre = nullptr) {
+  // pre: the block's first row's raw data, already loaded.
+  const RowRaw r = pre != nullptr ? *pre : row_raw(p, b, /*h=*/0, q);  // rows do not read h
   if (r.k) {
     const int4 f = row_data(p, q, r);  // the block's first row
     const int w_last = KC_DRAFTER_CAUSAL ? p.drafter_context_len + qe : f.w;  // its last sees most
@@ -1068,10 +1104,23 @@ extern "C" __global__ void __launch_bounds__(kcache::AttentionBwdDkdvThreads(KC_
       if (kBwdDrafterSort && permute) {  // whole steps of whole blocks
         const int n1 = imin(n0 + kBN, kv_len);
         bool any = false, all = n1 - n0 == kBN;
+#if KC_DRAFTER_BATCH_LOADS
+        // The step's blocks' anchors and keep flags loaded together first.
+        RowRaw raw[kBwdBlocksPerStep];
+#pragma unroll
+        for (int i = 0; i < kBwdBlocksPerStep; ++i)
+          raw[i] = row_raw(p, b, 0, q_row(qt, i * kBwdBlk));
+#pragma unroll
+        for (int i = 0; i < kBwdBlocksPerStep; ++i) {
+          const int q = q_row(qt, i * kBwdBlk);
+          drafter_rows_class(p, b, q, q + kBwdBlk, n0, n1, any, all, &raw[i]);
+        }
+#else
         for (int i = 0; i < kBwdBlocksPerStep; ++i) {
           const int q = q_row(qt, i * kBwdBlk);
           drafter_rows_class(p, b, q, q + kBwdBlk, n0, n1, any, all);
         }
+#endif
         c = any ? (all ? 2 : 1) : 0;
       } else {
         c = classify_pair(p, b, qt * kBM, kBM, n0, kBN, q_len, kv_len, off);
@@ -1100,20 +1149,22 @@ extern "C" __global__ void __launch_bounds__(kcache::AttentionBwdDkdvThreads(KC_
   // Item it -> (hh, qt, cls).
   auto item_of = [&](int it, int& hh, int& qt, int& cls) {
     if (use_list) {
-      const unsigned e = list[KC_MASK == KC_MASK_EXPR ? it : it % count];
+      // KC_BWD_ITEM_ORDER: the last query tile first, the group's heads inner.
+      const int pos = KC_BWD_ITEM_ORDER ? count - 1 - it / group : it % count;
+      const unsigned e = list[KC_MASK == KC_MASK_EXPR ? it : pos];
       const int idx = static_cast<int>(e & 0x3fffffffu);
       cls = static_cast<int>(e >> 30);
       if (KC_MASK == KC_MASK_EXPR) {
         hh = idx / n_q_tiles;
         qt = idx % n_q_tiles;
       } else {
-        hh = it / count;
+        hh = KC_BWD_ITEM_ORDER ? it % group : it / count;
         qt = idx;
       }
     } else {
       const int nr = qt_hi - qt_lo;
-      hh = it / nr;
-      qt = qt_lo + it % nr;
+      hh = KC_BWD_ITEM_ORDER ? it % group : it / nr;
+      qt = KC_BWD_ITEM_ORDER ? qt_hi - 1 - it / group : qt_lo + it % nr;
       cls = kListMask ? 1 : classify_pair(p, b, qt * kBM, kBM, n0, kBN, q_len, kv_len, off);
     }
   };

@@ -613,6 +613,19 @@ __device__ __forceinline__ void launch_order(int& tile, int& y, int& z, int chun
 // heads share a key / value head under the drafter's GQA (8 gave the same
 // times, 2 none of the gain; session 21).
 constexpr int kFwdHeadChunk = 4;
+#ifndef KC_FWD_PROBE_TWICE
+#define KC_FWD_PROBE_TWICE 0
+#endif
+// KC_DRAFTER_BATCH_LOADS (an experiment, session 25, not measured yet): the
+// drafter prologues' global loads issued together rather than one latency
+// after another (drafter_rank_blocks' in-order check, the forward's row
+// data, the dK/dV's step classes).
+#ifndef KC_DRAFTER_BATCH_LOADS
+#define KC_DRAFTER_BATCH_LOADS 0
+#endif
+#ifndef KC_FWD_PROBE_FULL
+#define KC_FWD_PROBE_FULL 0
+#endif
 
 #if KC_MASK == KC_MASK_DRAFTER
 // Batch row b's nb drafter blocks in ascending order of (sort anchor, block
@@ -662,6 +675,44 @@ __device__ __noinline__ bool drafter_rank_blocks(unsigned short* order, unsigned
   };
   bool unordered = false;
   for (int k = tid; k < kRankBuckets; k += THREADS) cur[k] = 0;
+#if KC_DRAFTER_BATCH_LOADS
+  // Experiment (session 25, not measured yet): the loop below runs its loads
+  // one after another (each sort_anchor a branch around generic loads; a
+  // store to the scratch between iterations), ~4 global latencies per CTA
+  // for 512 blocks on 256 threads. Here a round's keep and anchor loads
+  // (kRound blocks a thread, and lane 31's right neighbours) are issued
+  // together, and the other neighbours come by shuffle: one latency a round.
+  static_assert(THREADS % 32 == 0, "whole warps");
+  constexpr int kRound = 4;
+  const int lane = tid & 31;
+  for (int base = 0; base < nb; base += kRound * THREADS) {
+    kc_i32 ar[kRound], an[kRound];
+    kc_i8 kr[kRound], kn[kRound];
+#pragma unroll
+    for (int k = 0; k < kRound; ++k) {
+      const int i = base + k * THREADS + tid;
+      const bool in = i < nb, nx = lane == 31 && i + 1 < nb;
+      ar[k] = in ? __ldg(anc + i) : 0;
+      kr[k] = in && kp != nullptr ? __ldg(kp + i) : kc_i8{1};
+      an[k] = nx ? __ldg(anc + i + 1) : 0;
+      kn[k] = nx && kp != nullptr ? __ldg(kp + i + 1) : kc_i8{1};
+    }
+    auto sort_of = [&](kc_i32 a, kc_i8 keep) -> unsigned {
+      return keep != 0 ? static_cast<unsigned>(imax(0, imin(a, ctx))) + 1u : 0u;
+    };
+#pragma unroll
+    for (int k = 0; k < kRound; ++k) {
+      const int i = base + k * THREADS + tid;
+      const unsigned a = sort_of(ar[k], kr[k]);
+      const unsigned right = __shfl_down_sync(0xffffffffu, a, 1);
+      const unsigned next = lane == 31 ? sort_of(an[k], kn[k]) : right;
+      if (i < nb) sa[i] = a;
+      // Block indices break ties: the blocks are in order iff every adjacent
+      // pair of sort anchors is.
+      if (i + 1 < nb && a > next) unordered = true;
+    }
+  }
+#else
   for (int i = tid; i < nb; i += THREADS) {
     const unsigned a = sort_anchor(i);
     sa[i] = a;
@@ -669,6 +720,7 @@ __device__ __noinline__ bool drafter_rank_blocks(unsigned short* order, unsigned
     // pair of sort anchors is.
     if (i + 1 < nb && a > sort_anchor(i + 1)) unordered = true;
   }
+#endif
   if (__syncthreads_or(unordered) == 0) return false;
   for (int i = tid; i < nb; i += THREADS) atomicAdd(&cur[bucket(sa[i])], 1);
   __syncthreads();
@@ -934,11 +986,15 @@ extern "C" __global__ void __launch_bounds__(kcache::attn_fwd::kFwdThreadsAll)
     const int j = q / kBlk;
     int4 rd = make_int4(0, 0, 0, 0);  // visible: [x, y) U [z, w)
     if (q >= 0 && j < p.drafter_num_blocks) {
+      // KC_DRAFTER_BATCH_LOADS: the anchor's load beside the keep flag's
+      // rather than after it (j is in range either way).
+      const int a_early = KC_DRAFTER_BATCH_LOADS ? p.drafter_anchor[b * p.drafter_stride_b + j] : 0;
       const bool keep =
           p.drafter_keep == nullptr || p.drafter_keep[b * p.drafter_stride_b + j] != 0;
       rd.z = rd.w = ctx_len + j * kBlk;  // dropped: empty, but z still names the block
       if (keep) {
-        const int a = p.drafter_anchor[b * p.drafter_stride_b + j];
+        const int a =
+            KC_DRAFTER_BATCH_LOADS ? a_early : p.drafter_anchor[b * p.drafter_stride_b + j];
         rd.y = imax(0, imin(a, ctx_len));
         rd.x = KC_DRAFTER_WINDOW > 0 ? imin(imax(a - KC_DRAFTER_WINDOW, 0), rd.y) : 0;
         rd.z = ctx_len + j * kBlk;
@@ -1028,6 +1084,14 @@ extern "C" __global__ void __launch_bounds__(kcache::attn_fwd::kFwdThreadsAll)
     n_iter = n_kv_tiles;  // every tile, each treated as partial
   }
 #endif
+  // KC_FWD_PROBE_TWICE (a measurement, session 25; not for use): every key tile is
+  // walked twice, so that the walk's time doubles while the CTA's fixed costs (its
+  // prologue before K(0), its epilogue, its launch) stay: T(twice) - T(once) is the
+  // walk, the rest of T(once) the fixed cost. O is unchanged (P and the row sums
+  // both double); the LSE is ln 2 too high.
+  const int n_once = n_iter;
+  if (KC_FWD_PROBE_TWICE) n_iter *= 2;
+  auto walk = [&](int i) -> int { return KC_FWD_PROBE_TWICE ? i % n_once : i; };
 
   // K and/or V (parts: 1 K, 2 V, 3 both) of key tile t into the stage at
   // (dk, dv), by kLoadThreads threads (ltid: this thread's index among them).
@@ -1075,7 +1139,7 @@ extern "C" __global__ void __launch_bounds__(kcache::attn_fwd::kFwdThreadsAll)
       // Tile i sits in stage i & 1.
       for (int i = 0; i < n_iter; ++i) {
         const int st = i & 1;
-        const int t = use_list ? (tile_list[i] & 0x3fff) : first + i;
+        const int t = use_list ? (tile_list[walk(i)] & 0x3fff) : first + walk(i);
         // K(i) after V(i - 1): a thread's kfull arrival then also means
         // that its V(i - 1) landed (the compute loop relies on it).
         if (i >= 2) mbar_wait(bar_kempty + 8 * st, ((i >> 1) - 1) & 1);
@@ -1094,8 +1158,8 @@ extern "C" __global__ void __launch_bounds__(kcache::attn_fwd::kFwdThreadsAll)
 #pragma unroll
     for (int s = 0; s < kPrefetch; ++s) {
       if (s < n_iter) {
-        load_kv(use_list ? (tile_list[s] & 0x3fff) : first + s, sK + s * kKBytes, sV + s * kVBytes,
-                tid, 3);
+        load_kv(use_list ? (tile_list[walk(s)] & 0x3fff) : first + walk(s), sK + s * kKBytes,
+                sV + s * kVBytes, tid, 3);
       }
       cp_async_commit();
     }
@@ -1165,11 +1229,11 @@ extern "C" __global__ void __launch_bounds__(kcache::attn_fwd::kFwdThreadsAll)
   // Tile index and CTA-level class (0 empty, 1 partial, 2 full) of iteration i.
   auto tile_of = [&](int i, int& tile, int& cls) {
     if (use_list) {
-      const int e = tile_list[i];
+      const int e = tile_list[walk(i)];
       tile = e & 0x3fff;
       cls = e >> 14;
     } else {
-      tile = first + i;
+      tile = first + walk(i);
 #if KC_MASK == KC_MASK_NONE
       cls = tile * kBN + kBN <= kv_len ? 2 : 1;
 #elif KC_MASK == KC_MASK_CAUSAL || KC_MASK == KC_MASK_SLIDING_WINDOW
@@ -1181,6 +1245,10 @@ extern "C" __global__ void __launch_bounds__(kcache::attn_fwd::kFwdThreadsAll)
       cls = 1;
 #endif
     }
+    // KC_FWD_PROBE_FULL (a measurement, session 25; wrong results): every
+    // visited tile runs the full tile's path, so that T(base) - T(probe) is
+    // what the partial tiles' masking costs.
+    if (KC_FWD_PROBE_FULL && cls != 0) cls = 2;
   };
 
   // Keys a real tile may show: with the own keys gathered, those past the
@@ -1436,8 +1504,8 @@ extern "C" __global__ void __launch_bounds__(kcache::attn_fwd::kFwdThreadsAll)
 
   // K and V of iteration ip into stage st.
   auto prefetch = [&](int ip, int st) {
-    load_kv(use_list ? (tile_list[ip] & 0x3fff) : first + ip, sK + st * kKBytes, sV + st * kVBytes,
-            tid, 3);
+    load_kv(use_list ? (tile_list[walk(ip)] & 0x3fff) : first + walk(ip), sK + st * kKBytes,
+            sV + st * kVBytes, tid, 3);
   };
 
   // mma.sync: S = Q K^T and O += P V for the tile in `stage`.
