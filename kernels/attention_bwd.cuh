@@ -106,6 +106,17 @@ constexpr bool kWg = KC_BWD_WGMMA;
 // kWg without a score modification: the step's elementwise work split around
 // the dP and dV wgmmas; with one, the plain synchronous order.
 constexpr bool kWgSplit = kWg && KC_SCORE_MOD == KC_SCORE_NONE;
+// KC_BWD_WG_SKIP (an experiment, session 25, not measured yet): on the
+// drafter's partial steps, a warpgroup whose 64 keys see none of the step's
+// queries issues no products and zeroes its half of dS^T (the step's dQ
+// reads it). The drafter's own key tiles are seen by two steps, each by one
+// warpgroup's keys only, and about half of the context's partial steps see
+// the first warpgroup's keys only: ~11 % of the sorted drafter's steps. The
+// class list carries the two "sees none" bits beside each step's class.
+#ifndef KC_BWD_WG_SKIP
+#define KC_BWD_WG_SKIP 0
+#endif
+constexpr bool kWgSkip = KC_BWD_WG_SKIP && kWgSplit && KC_MASK == KC_MASK_DRAFTER;
 // kWg (not deterministic): the dQ of query step it is computed at the start
 // of step it + 1, right after that step's CTA barrier, which then also covers
 // dS^T(it) (kept in the second dS^T buffer): one CTA barrier per step instead
@@ -399,6 +410,22 @@ __device__ __forceinline__ int classify_pair(const AttentionParams& p, int b, in
   (void)off;
   constexpr int kBlk = KC_DRAFTER_BLOCK;
   bool any = false, all = inb;
+#if KC_DRAFTER_BATCH_LOADS
+  // A whole step of whole blocks (the sorted drafter's case): the blocks'
+  // anchors and keep flags loaded together first.
+  constexpr int kPer = kBM / kBlk;
+  if (kBM % kBlk == 0 && kPer <= 8 && rows == kBM && m0 % kBlk == 0) {
+    RowRaw raw[kPer];
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) raw[i] = row_raw(p, b, 0, m0 + i * kBlk);
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) {
+      const int q = m0 + i * kBlk;
+      if (q < m1) drafter_rows_class(p, b, q, imin(m1, q + kBlk), n0, n1, any, all, &raw[i]);
+    }
+    return any ? (all ? 2 : 1) : 0;
+  }
+#endif
   for (int q = m0; q < m1;) {
     const int qe = imin(m1, (q / kBlk + 1) * kBlk);  // rows [q, qe) are one block
     drafter_rows_class(p, b, q, qe, n0, n1, any, all);
@@ -451,7 +478,9 @@ __device__ __forceinline__ int compact_list(unsigned* list, int n, int lane) {
     const unsigned bal = __ballot_sync(0xffffffffu, c != 0u);
     const int pos = count + __popc(bal & ((1u << lane) - 1u));
     __syncwarp();
-    if (c != 0u) list[pos] = static_cast<unsigned>(t) | (c << 30);
+    // kWgSkip: the class's bits 2 and 3 (a warpgroup sees none) go to bits 28 and 29.
+    const unsigned e = kWgSkip ? ((c & 3u) << 30) | ((c >> 2) << 28) : c << 30;
+    if (c != 0u) list[pos] = static_cast<unsigned>(t) | e;
     count += __popc(bal);
     __syncwarp();
   }
@@ -1125,6 +1154,24 @@ extern "C" __global__ void __launch_bounds__(kcache::AttentionBwdDkdvThreads(KC_
       } else {
         c = classify_pair(p, b, qt * kBM, kBM, n0, kBN, q_len, kv_len, off);
       }
+      if (kWgSkip && c == 1) {
+        // Bit 2 + w: warpgroup w's keys [n0 + 64 w, + 64) see none of the step.
+        for (int w = 0; w < 2; ++w) {
+          const int h0 = n0 + 64 * w, h1 = imin(h0 + 64, kv_len);
+          bool any = false;
+          if (h1 <= h0) {
+          } else if (kBwdDrafterSort && permute) {
+            bool all = false;
+            for (int i = 0; i < kBwdBlocksPerStep; ++i) {
+              const int q = q_row(qt, i * kBwdBlk);
+              drafter_rows_class(p, b, q, q + kBwdBlk, h0, h1, any, all);
+            }
+          } else {
+            any = classify_pair(p, b, qt * kBM, kBM, h0, 64, q_len, kv_len, off) != 0;
+          }
+          if (!any) c |= 4 << w;
+        }
+      }
       list[qt] = static_cast<unsigned>(c);
     }
 #else
@@ -1152,8 +1199,9 @@ extern "C" __global__ void __launch_bounds__(kcache::AttentionBwdDkdvThreads(KC_
       // KC_BWD_ITEM_ORDER: the last query tile first, the group's heads inner.
       const int pos = KC_BWD_ITEM_ORDER ? count - 1 - it / group : it % count;
       const unsigned e = list[KC_MASK == KC_MASK_EXPR ? it : pos];
-      const int idx = static_cast<int>(e & 0x3fffffffu);
+      const int idx = static_cast<int>(e & (kWgSkip ? 0x0fffffffu : 0x3fffffffu));
       cls = static_cast<int>(e >> 30);
+      if (kWgSkip) cls |= static_cast<int>((e >> 28) & 3u) << 2;  // for the step only
       if (KC_MASK == KC_MASK_EXPR) {
         hh = idx / n_q_tiles;
         qt = idx % n_q_tiles;
@@ -1566,6 +1614,13 @@ extern "C" __global__ void __launch_bounds__(kcache::AttentionBwdDkdvThreads(KC_
 
     int hh, qt, cls;
     item_of(it, hh, qt, cls);
+    bool wg_skip = false;  // kWgSkip: this warpgroup's keys see none of the step
+#if KC_BWD_WGMMA
+    if (kWgSkip) {
+      wg_skip = (cls >> (2 + wg)) & 1;
+      cls &= 3;
+    }
+#endif
     const int hq = hkv * group + hh;
     const int m0 = qt * kBM;
     const unsigned q_s = sQ + st * (kQB + kOB);
@@ -1582,7 +1637,15 @@ extern "C" __global__ void __launch_bounds__(kcache::AttentionBwdDkdvThreads(KC_
     if (it > 0) wg_dq(it - 1, prev_hq, prev_m0);
 #endif
 
-    if constexpr (kWgSplit) {
+    if (wg_skip) {
+      // No products: P = dS = 0 for this warpgroup's keys. Its half of dS^T
+      // is zeroed for this step's dQ (wg_dq in the next step reads all keys).
+#if !KC_DETERMINISTIC
+      const unsigned zero[4] = {0u, 0u, 0u, 0u};
+#pragma unroll
+      for (int kk = 0; kk < kNT / 2; ++kk) store_ds_t(sS + st * kSB, key_row0, kk, t4, zero);
+#endif
+    } else if constexpr (kWgSplit) {
 #if KC_BWD_WGMMA
       // kWg without a score modification: S^T and dP^T committed as two
       // groups; P is computed while dP^T runs, and dV += P^T dO is issued

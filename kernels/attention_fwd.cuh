@@ -182,7 +182,8 @@ static_assert(!kPingpong || ((kNWG == 2 || kNWG == 3) &&
 constexpr int kBarTurn = 1;
 constexpr int kTurnThreads = 256;
 constexpr int kBarCompute = kBarTurn + kNWG;
-static_assert(kBarCompute < 16, "named barriers 0..15");
+static_assert(kBarCompute + kNWG < 16,
+              "named barriers 0..15 (KC_FWD_STAGED_OUT: one per warpgroup past kBarCompute)");
 // sm_90a with 3+ stages: softmax overlaps the previous tile's P V wgmma.
 constexpr bool kOverlap = kWgmma && !kPingpong && kStages >= 3;
 // Tiles in flight ahead of the one computed.
@@ -489,6 +490,23 @@ __device__ __forceinline__ void named_bar_sync(int id, int count) {
 __device__ __forceinline__ void named_bar_arrive(int id, int count) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
 }
+__device__ __forceinline__ void sts_b32(unsigned addr, unsigned v) {
+  asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
+}
+// 16 bytes to global memory (dst 16-byte aligned).
+__device__ __forceinline__ void stg_v4(void* dst, uint4 v) {
+  asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"l"(dst), "r"(v.x), "r"(v.y),
+               "r"(v.z), "r"(v.w)
+               : "memory");
+}
+__device__ __forceinline__ uint4 lds_v4(unsigned addr) {
+  uint4 v;
+  asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "r"(addr)
+               : "memory");
+  return v;
+}
 // Shared-memory matrix descriptor, 128-byte swizzle.
 __device__ __forceinline__ unsigned long long smem_desc(unsigned addr, unsigned lbo, unsigned sbo) {
   return static_cast<unsigned long long>((addr & 0x3FFFFu) >> 4) |
@@ -625,6 +643,14 @@ constexpr int kFwdHeadChunk = 4;
 #endif
 #ifndef KC_FWD_PROBE_FULL
 #define KC_FWD_PROBE_FULL 0
+#endif
+// KC_FWD_STAGED_OUT (an experiment, session 25, not measured yet): the
+// ping-pong's epilogue stages each warpgroup's O in its own rows of the Q
+// tile and stores it as whole 16-byte chunks of whole rows, where each
+// thread's 4-byte stores touched eight rows per warp instruction (2 048 L1
+// wavefronts a CTA against ~770).
+#ifndef KC_FWD_STAGED_OUT
+#define KC_FWD_STAGED_OUT 0
 #endif
 
 #if KC_MASK == KC_MASK_DRAFTER
@@ -1629,6 +1655,64 @@ extern "C" __global__ void __launch_bounds__(kcache::attn_fwd::kFwdThreadsAll)
   // compiled with a branch inverted, and the measured SASS is kept.
   auto write_out = [&]() {
     elem_t* og = static_cast<elem_t*>(p.o) + b * p.o_stride_b + h * p.o_stride_h;
+#if KC_WGMMA_HEAD_DIMS
+    // (O's rows need 16-byte alignment here; the contract asks only 4 of o.)
+    if (kPingpong && KC_FWD_STAGED_OUT && kDV <= kDQK &&
+        ((reinterpret_cast<unsigned long long>(og) | (p.o_stride_s * 2)) & 15) == 0) {
+      // O of tile row r, column c at [c / 64][r][64] with Q's 128-byte
+      // swizzle, in the Q tile (this warpgroup's rows only: its last S was
+      // waited, and no other warpgroup reads them).
+      const int wg = warp >> 2, wtid = tid & 127;
+      auto o_addr = [&](int r, int chunk) -> unsigned {  // 16-byte chunk of row r
+        return sQ + static_cast<unsigned>((chunk >> 3) * (kBM * 128) + r * 128 +
+                                          (((chunk & 7) ^ (r & 7)) << 4));
+      };
+      fence_proxy_async();  // wgmma's reads of Q -> these writes
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          float l = l_run[mt][hh];
+          l += __shfl_xor_sync(0xffffffffu, l, 1);
+          l += __shfl_xor_sync(0xffffffffu, l, 2);
+          const float inv = l > 0.f ? 1.f / l : 0.f;
+          const int r = warp * kWM + mt * 16 + g + hh * 8;
+#pragma unroll
+          for (int dt = 0; dt < kDT; ++dt) {
+            sts_b32(o_addr(r, dt) + 4 * t4,
+                    pack2(o[mt][dt][hh * 2] * inv, o[mt][dt][hh * 2 + 1] * inv));
+          }
+#if KC_RETURN_LSE
+          const int q = q_of(mt, hh);
+          if (q < q_len && t4 == 0 && p.lse != nullptr) {
+            p.lse[b * p.lse_stride_b + h * p.lse_stride_h + q] =
+                l > 0.f ? (m_run[mt][hh] + log2f(l)) * kLn2 : neg_inf();
+          }
+#endif
+        }
+      }
+      named_bar_sync(kBarCompute + 1 + wg, 128);  // this warpgroup's O staged
+      // Tile row r's query index, as q_of gives it for this thread's rows.
+      auto q_at = [&](int r) -> int {
+#if KC_MASK == KC_MASK_DRAFTER
+        if (kDrafterSort && permute) {
+          return r <= mlast - m0 ? rowdata[r].z - ctx_len + r % KC_DRAFTER_BLOCK : q_len;
+        }
+#endif
+        return m0 + r;
+      };
+      constexpr int kChunks = kDV / 8;  // 16-byte chunks per row
+#pragma unroll
+      for (int j = 0; j < 64 * kChunks / 128; ++j) {
+        const int idx = j * 128 + wtid;
+        const int r = wg * 64 + idx / kChunks, chunk = idx % kChunks;
+        const int q = q_at(r);
+        const uint4 v = lds_v4(o_addr(r, chunk));
+        if (q < q_len) stg_v4(og + q * p.o_stride_s + chunk * 8, v);
+      }
+      return;
+    }
+#endif
 #pragma unroll
     for (int mt = 0; mt < kMT; ++mt) {
 #pragma unroll
