@@ -413,7 +413,7 @@ __device__ __forceinline__ int classify_pair(const AttentionParams& p, int b, in
 #if KC_DRAFTER_BATCH_LOADS
   // A whole step of whole blocks (the sorted drafter's case): the blocks'
   // anchors and keep flags loaded together first.
-  constexpr int kPer = kBM / kBlk;
+  constexpr int kPer = kBM / kBlk > 0 ? kBM / kBlk : 1;  // blocks of 128 or 256: unused
   if (kBM % kBlk == 0 && kPer <= 8 && rows == kBM && m0 % kBlk == 0) {
     RowRaw raw[kPer];
 #pragma unroll
