@@ -54,12 +54,14 @@ using attn_fwd::exp2_approx;
 using attn_fwd::imax;
 using attn_fwd::imin;
 using attn_fwd::launch_order;
+using attn_fwd::ld_shared_v4;
 using attn_fwd::ldsm_x4;
 using attn_fwd::ldsm_x4_t;
 using attn_fwd::mma16816;
 using attn_fwd::neg_inf;
 using attn_fwd::pack2;
 using attn_fwd::smem_u32;
+using attn_fwd::st_shared_u32;
 
 constexpr int kBM = KC_BWD_BLOCK_M;
 constexpr int kBN = KC_BWD_BLOCK_N;
@@ -225,19 +227,6 @@ __device__ __forceinline__ void st_shared_v4(unsigned addr, const float (&v)[4])
   asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "f"(v[0]), "f"(v[1]),
                "f"(v[2]), "f"(v[3])
                : "memory");
-}
-
-__device__ __forceinline__ float4 ld_shared_v4(unsigned addr) {
-  float4 v;
-  asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n"
-               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
-               : "r"(addr)
-               : "memory");
-  return v;
-}
-
-__device__ __forceinline__ void st_shared_u32(unsigned addr, unsigned v) {
-  asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
 }
 
 // Rows [row0, row0 + ROWS) of a [len, D] matrix into a swizzled tile (chunk c
@@ -1129,47 +1118,35 @@ extern "C" __global__ void __launch_bounds__(kcache::AttentionBwdDkdvThreads(KC_
                             n_q_tiles, q_len, warp, lane);
 #elif KC_MASK == KC_MASK_DRAFTER
     for (int qt = tid; qt < n_q_tiles; qt += kThreads) {
-      int c;
-      if (kBwdDrafterSort && permute) {  // whole steps of whole blocks
-        const int n1 = imin(n0 + kBN, kv_len);
-        bool any = false, all = n1 - n0 == kBN;
-#if KC_DRAFTER_BATCH_LOADS
-        // The step's blocks' anchors and keep flags loaded together first.
-        RowRaw raw[kBwdBlocksPerStep];
+      // KC_DRAFTER_BATCH_LOADS: the step's blocks' anchors and keep flags
+      // loaded together first (whole steps of whole blocks).
+      RowRaw raw[kBwdBlocksPerStep];
+      if (KC_DRAFTER_BATCH_LOADS && kBwdDrafterSort && permute) {
 #pragma unroll
         for (int i = 0; i < kBwdBlocksPerStep; ++i)
           raw[i] = row_raw(p, b, 0, q_row(qt, i * kBwdBlk));
-#pragma unroll
-        for (int i = 0; i < kBwdBlocksPerStep; ++i) {
-          const int q = q_row(qt, i * kBwdBlk);
-          drafter_rows_class(p, b, q, q + kBwdBlk, n0, n1, any, all, &raw[i]);
-        }
-#else
-        for (int i = 0; i < kBwdBlocksPerStep; ++i) {
-          const int q = q_row(qt, i * kBwdBlk);
-          drafter_rows_class(p, b, q, q + kBwdBlk, n0, n1, any, all);
-        }
-#endif
-        c = any ? (all ? 2 : 1) : 0;
-      } else {
-        c = classify_pair(p, b, qt * kBM, kBM, n0, kBN, q_len, kv_len, off);
       }
+      // Class of the step against keys [lo, lo + cols) (at least one key
+      // below kv_len): 0 none seen, 1 some, 2 all.
+      auto step_class = [&](int lo, int cols) -> int {
+        if (kBwdDrafterSort && permute) {  // whole steps of whole blocks
+          const int hi = imin(lo + cols, kv_len);
+          bool any = false, all = hi - lo == cols;
+          for (int i = 0; i < kBwdBlocksPerStep; ++i) {
+            const int q = q_row(qt, i * kBwdBlk);
+            drafter_rows_class(p, b, q, q + kBwdBlk, lo, hi, any, all,
+                               KC_DRAFTER_BATCH_LOADS ? &raw[i] : nullptr);
+          }
+          return any ? (all ? 2 : 1) : 0;
+        }
+        return classify_pair(p, b, qt * kBM, kBM, lo, cols, q_len, kv_len, off);
+      };
+      int c = step_class(n0, kBN);
       if (kWgSkip && c == 1) {
         // Bit 2 + w: warpgroup w's keys [n0 + 64 w, + 64) see none of the step.
         for (int w = 0; w < 2; ++w) {
-          const int h0 = n0 + 64 * w, h1 = imin(h0 + 64, kv_len);
-          bool any = false;
-          if (h1 <= h0) {
-          } else if (kBwdDrafterSort && permute) {
-            bool all = false;
-            for (int i = 0; i < kBwdBlocksPerStep; ++i) {
-              const int q = q_row(qt, i * kBwdBlk);
-              drafter_rows_class(p, b, q, q + kBwdBlk, h0, h1, any, all);
-            }
-          } else {
-            any = classify_pair(p, b, qt * kBM, kBM, h0, 64, q_len, kv_len, off) != 0;
-          }
-          if (!any) c |= 4 << w;
+          const int h0 = n0 + 64 * w;
+          if (imin(h0 + 64, kv_len) <= h0 || step_class(h0, 64) == 0) c |= 4 << w;
         }
       }
       list[qt] = static_cast<unsigned>(c);

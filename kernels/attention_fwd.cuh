@@ -264,6 +264,19 @@ __device__ __forceinline__ unsigned pack2(float lo, float hi) {
   return r;
 }
 
+__device__ __forceinline__ float4 ld_shared_v4(unsigned addr) {
+  float4 v;
+  asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+               : "r"(addr)
+               : "memory");
+  return v;
+}
+
+__device__ __forceinline__ void st_shared_u32(unsigned addr, unsigned v) {
+  asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
+}
+
 __device__ __forceinline__ void cp_async16(unsigned dst, const void* src, bool pred) {
   const int n = pred ? 16 : 0;  // 0: zero-fill, nothing read
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n)
@@ -490,22 +503,11 @@ __device__ __forceinline__ void named_bar_sync(int id, int count) {
 __device__ __forceinline__ void named_bar_arrive(int id, int count) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
 }
-__device__ __forceinline__ void sts_b32(unsigned addr, unsigned v) {
-  asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
-}
-// 16 bytes to global memory (dst 16-byte aligned).
-__device__ __forceinline__ void stg_v4(void* dst, uint4 v) {
-  asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"l"(dst), "r"(v.x), "r"(v.y),
-               "r"(v.z), "r"(v.w)
+// 16 bytes to global memory (dst 16-byte aligned), bits as they are.
+__device__ __forceinline__ void stg_v4(void* dst, float4 v) {
+  asm volatile("st.global.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(dst), "f"(v.x), "f"(v.y),
+               "f"(v.z), "f"(v.w)
                : "memory");
-}
-__device__ __forceinline__ uint4 lds_v4(unsigned addr) {
-  uint4 v;
-  asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "r"(addr)
-               : "memory");
-  return v;
 }
 // Shared-memory matrix descriptor, 128-byte swizzle.
 __device__ __forceinline__ unsigned long long smem_desc(unsigned addr, unsigned lbo, unsigned sbo) {
@@ -1655,6 +1657,27 @@ extern "C" __global__ void __launch_bounds__(kcache::attn_fwd::kFwdThreadsAll)
   // compiled with a branch inverted, and the measured SASS is kept.
   auto write_out = [&]() {
     elem_t* og = static_cast<elem_t*>(p.o) + b * p.o_stride_b + h * p.o_stride_h;
+    // Row (mt, hh)'s softmax sum over the four threads that hold it.
+    auto row_sum = [&](int mt, int hh) -> float {
+      float l = l_run[mt][hh];
+      l += __shfl_xor_sync(0xffffffffu, l, 1);
+      l += __shfl_xor_sync(0xffffffffu, l, 2);
+      return l;
+    };
+    // Row (mt, hh)'s LSE at query q (< q_len), from its sum l.
+    auto store_lse = [&](int mt, int hh, int q, float l) {
+#if KC_RETURN_LSE
+      if (t4 == 0 && p.lse != nullptr) {
+        p.lse[b * p.lse_stride_b + h * p.lse_stride_h + q] =
+            l > 0.f ? (m_run[mt][hh] + log2f(l)) * kLn2 : neg_inf();
+      }
+#else
+      (void)mt;
+      (void)hh;
+      (void)q;
+      (void)l;
+#endif
+    };
 #if KC_WGMMA_HEAD_DIMS
     // (O's rows need 16-byte alignment here; the contract asks only 4 of o.)
     if (kPingpong && KC_FWD_STAGED_OUT && kDV <= kDQK &&
@@ -1672,23 +1695,16 @@ extern "C" __global__ void __launch_bounds__(kcache::attn_fwd::kFwdThreadsAll)
       for (int mt = 0; mt < kMT; ++mt) {
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh) {
-          float l = l_run[mt][hh];
-          l += __shfl_xor_sync(0xffffffffu, l, 1);
-          l += __shfl_xor_sync(0xffffffffu, l, 2);
+          const float l = row_sum(mt, hh);
           const float inv = l > 0.f ? 1.f / l : 0.f;
           const int r = warp * kWM + mt * 16 + g + hh * 8;
 #pragma unroll
           for (int dt = 0; dt < kDT; ++dt) {
-            sts_b32(o_addr(r, dt) + 4 * t4,
-                    pack2(o[mt][dt][hh * 2] * inv, o[mt][dt][hh * 2 + 1] * inv));
+            st_shared_u32(o_addr(r, dt) + 4 * t4,
+                          pack2(o[mt][dt][hh * 2] * inv, o[mt][dt][hh * 2 + 1] * inv));
           }
-#if KC_RETURN_LSE
           const int q = q_of(mt, hh);
-          if (q < q_len && t4 == 0 && p.lse != nullptr) {
-            p.lse[b * p.lse_stride_b + h * p.lse_stride_h + q] =
-                l > 0.f ? (m_run[mt][hh] + log2f(l)) * kLn2 : neg_inf();
-          }
-#endif
+          if (q < q_len) store_lse(mt, hh, q, l);
         }
       }
       named_bar_sync(kBarCompute + 1 + wg, 128);  // this warpgroup's O staged
@@ -1707,7 +1723,7 @@ extern "C" __global__ void __launch_bounds__(kcache::attn_fwd::kFwdThreadsAll)
         const int idx = j * 128 + wtid;
         const int r = wg * 64 + idx / kChunks, chunk = idx % kChunks;
         const int q = q_at(r);
-        const uint4 v = lds_v4(o_addr(r, chunk));
+        const float4 v = ld_shared_v4(o_addr(r, chunk));
         if (q < q_len) stg_v4(og + q * p.o_stride_s + chunk * 8, v);
       }
       return;
@@ -1717,9 +1733,7 @@ extern "C" __global__ void __launch_bounds__(kcache::attn_fwd::kFwdThreadsAll)
     for (int mt = 0; mt < kMT; ++mt) {
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
-        float l = l_run[mt][hh];
-        l += __shfl_xor_sync(0xffffffffu, l, 1);
-        l += __shfl_xor_sync(0xffffffffu, l, 2);
+        const float l = row_sum(mt, hh);
         const int q = q_of(mt, hh);
         if (q < q_len) {
           const float inv = l > 0.f ? 1.f / l : 0.f;
@@ -1728,12 +1742,7 @@ extern "C" __global__ void __launch_bounds__(kcache::attn_fwd::kFwdThreadsAll)
           for (int dt = 0; dt < kDT; ++dt) {
             orow[dt * 4] = pack2(o[mt][dt][hh * 2] * inv, o[mt][dt][hh * 2 + 1] * inv);
           }
-#if KC_RETURN_LSE
-          if (t4 == 0 && p.lse != nullptr) {
-            p.lse[b * p.lse_stride_b + h * p.lse_stride_h + q] =
-                l > 0.f ? (m_run[mt][hh] + log2f(l)) * kLn2 : neg_inf();
-          }
-#endif
+          store_lse(mt, hh, q, l);
         }
       }
     }
