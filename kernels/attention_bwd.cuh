@@ -54,14 +54,12 @@ using attn_fwd::exp2_approx;
 using attn_fwd::imax;
 using attn_fwd::imin;
 using attn_fwd::launch_order;
-using attn_fwd::ld_shared_v4;
 using attn_fwd::ldsm_x4;
 using attn_fwd::ldsm_x4_t;
 using attn_fwd::mma16816;
 using attn_fwd::neg_inf;
 using attn_fwd::pack2;
 using attn_fwd::smem_u32;
-using attn_fwd::st_shared_u32;
 
 constexpr int kBM = KC_BWD_BLOCK_M;
 constexpr int kBN = KC_BWD_BLOCK_N;
@@ -108,17 +106,6 @@ constexpr bool kWg = KC_BWD_WGMMA;
 // kWg without a score modification: the step's elementwise work split around
 // the dP and dV wgmmas; with one, the plain synchronous order.
 constexpr bool kWgSplit = kWg && KC_SCORE_MOD == KC_SCORE_NONE;
-// KC_BWD_WG_SKIP (an experiment, session 25, not measured yet): on the
-// drafter's partial steps, a warpgroup whose 64 keys see none of the step's
-// queries issues no products and zeroes its half of dS^T (the step's dQ
-// reads it). The drafter's own key tiles are seen by two steps, each by one
-// warpgroup's keys only, and about half of the context's partial steps see
-// the first warpgroup's keys only: ~11 % of the sorted drafter's steps. The
-// class list carries the two "sees none" bits beside each step's class.
-#ifndef KC_BWD_WG_SKIP
-#define KC_BWD_WG_SKIP 0
-#endif
-constexpr bool kWgSkip = KC_BWD_WG_SKIP && kWgSplit && KC_MASK == KC_MASK_DRAFTER;
 // kWg (not deterministic): the dQ of query step it is computed at the start
 // of step it + 1, right after that step's CTA barrier, which then also covers
 // dS^T(it) (kept in the second dS^T buffer): one CTA barrier per step instead
@@ -229,6 +216,19 @@ __device__ __forceinline__ void st_shared_v4(unsigned addr, const float (&v)[4])
                : "memory");
 }
 
+__device__ __forceinline__ float4 ld_shared_v4(unsigned addr) {
+  float4 v;
+  asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+               : "r"(addr)
+               : "memory");
+  return v;
+}
+
+__device__ __forceinline__ void st_shared_u32(unsigned addr, unsigned v) {
+  asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
+}
+
 // Rows [row0, row0 + ROWS) of a [len, D] matrix into a swizzled tile (chunk c
 // of row r at r * 2D + ((c ^ (r & 7)) << 4), the forward's mma.sync layout;
 // WG: wgmma's [D / 64][ROWS][64] 128-byte-swizzled layout); rows at or past
@@ -295,30 +295,6 @@ __device__ __forceinline__ int4 row_data(const AttentionParams& p, int q, RowRaw
   return rd;
 }
 
-#ifndef KC_BWD_DRAFTER_RANGES
-#define KC_BWD_DRAFTER_RANGES 0
-#endif
-// KC_BWD_ITEM_ORDER (an experiment, session 25, not measured yet): a dK/dV
-// CTA walks its query steps from the last query tile down, the heads of its
-// group inner, so that the CTAs of one (batch, key head) that start together
-// read the same Q / dO rows at about the same time (L2), where today each
-// walks one head's tiles upward from its own first visible tile and they
-// drift apart (the drafter's GQA launch runs every pair at once).
-#ifndef KC_BWD_ITEM_ORDER
-#define KC_BWD_ITEM_ORDER 0
-#endif
-#if KC_MASK == KC_MASK_DRAFTER
-// Whether key kv lies in [rd.x, rd.y) or [rd.z, rd.w), for row data with
-// 0 <= x <= y and 0 <= z <= w (row_data) and kv >= -1: each range one
-// subtraction and one unsigned compare, where the signed form took two
-// compares and their combination (the dK/dV's partial steps on the drafter
-// ran ~450 instructions per thread against ~150 on full ones).
-__device__ __forceinline__ bool drafter_sees(int4 rd, int kv) {
-  return static_cast<unsigned>(kv - rd.x) < static_cast<unsigned>(rd.y - rd.x) ||
-         static_cast<unsigned>(kv - rd.z) < static_cast<unsigned>(rd.w - rd.z);
-}
-#endif
-
 // Whether query q sees key kv (the forward's per-element rule, bounds
 // included). rd: q's row data; kv_id: the document id of kv.
 __device__ __forceinline__ bool visible(const AttentionParams& p, int b, int h, int q, int kv,
@@ -330,17 +306,7 @@ __device__ __forceinline__ bool visible(const AttentionParams& p, int b, int h, 
 #elif KC_MASK == KC_MASK_DOCUMENT
   vis = vis && kv_id == rd.x && (!KC_DOC_CAUSAL || kv <= q);
 #elif KC_MASK == KC_MASK_DRAFTER
-#if KC_BWD_DRAFTER_RANGES && KC_BWD_WGMMA
-  // Experiment (session 25, not measured yet): two unsigned range tests.
-  // Only on the wgmma builds: the portable ones spilled a little more with it.
-  // Row data past q_len or of dropped blocks is all zero (row_raw), so the
-  // query needs no test; a key past kv_len becomes -1, in neither range.
-  (void)q;
-  (void)q_len;
-  return drafter_sees(rd, kv < kv_len ? kv : -1);
-#else
   vis = vis && ((kv >= rd.x && kv < rd.y) || (kv >= rd.z && kv < rd.w));
-#endif
 #elif KC_MASK == KC_MASK_EXPR && KC_EXPR_MASK_ROW
   vis = vis && kc_expr_mask_rd(rd, b, h, q, kv, p);
 #elif KC_MASK == KC_MASK_EXPR
@@ -359,10 +325,8 @@ __device__ __forceinline__ bool visible(const AttentionParams& p, int b, int h, 
 // Rows [q, qe) of one drafter block against keys [n0, n1): folds whether any
 // and whether all of the pairs are visible into any / all.
 __device__ __forceinline__ void drafter_rows_class(const AttentionParams& p, int b, int q, int qe,
-                                                   int n0, int n1, bool& any, bool& all,
-                                                   const RowRaw* pre = nullptr) {
-  // pre: the block's first row's raw data, already loaded.
-  const RowRaw r = pre != nullptr ? *pre : row_raw(p, b, /*h=*/0, q);  // rows do not read h
+                                                   int n0, int n1, bool& any, bool& all) {
+  const RowRaw r = row_raw(p, b, /*h=*/0, q);  // the drafter's rows do not read h
   if (r.k) {
     const int4 f = row_data(p, q, r);  // the block's first row
     const int w_last = KC_DRAFTER_CAUSAL ? p.drafter_context_len + qe : f.w;  // its last sees most
@@ -399,22 +363,6 @@ __device__ __forceinline__ int classify_pair(const AttentionParams& p, int b, in
   (void)off;
   constexpr int kBlk = KC_DRAFTER_BLOCK;
   bool any = false, all = inb;
-#if KC_DRAFTER_BATCH_LOADS
-  // A whole step of whole blocks (the sorted drafter's case): the blocks'
-  // anchors and keep flags loaded together first.
-  constexpr int kPer = kBM / kBlk > 0 ? kBM / kBlk : 1;  // blocks of 128 or 256: unused
-  if (kBM % kBlk == 0 && kPer <= 8 && rows == kBM && m0 % kBlk == 0) {
-    RowRaw raw[kPer];
-#pragma unroll
-    for (int i = 0; i < kPer; ++i) raw[i] = row_raw(p, b, 0, m0 + i * kBlk);
-#pragma unroll
-    for (int i = 0; i < kPer; ++i) {
-      const int q = m0 + i * kBlk;
-      if (q < m1) drafter_rows_class(p, b, q, imin(m1, q + kBlk), n0, n1, any, all, &raw[i]);
-    }
-    return any ? (all ? 2 : 1) : 0;
-  }
-#endif
   for (int q = m0; q < m1;) {
     const int qe = imin(m1, (q / kBlk + 1) * kBlk);  // rows [q, qe) are one block
     drafter_rows_class(p, b, q, qe, n0, n1, any, all);
@@ -467,9 +415,7 @@ __device__ __forceinline__ int compact_list(unsigned* list, int n, int lane) {
     const unsigned bal = __ballot_sync(0xffffffffu, c != 0u);
     const int pos = count + __popc(bal & ((1u << lane) - 1u));
     __syncwarp();
-    // kWgSkip: the class's bits 2 and 3 (a warpgroup sees none) go to bits 28 and 29.
-    const unsigned e = kWgSkip ? ((c & 3u) << 30) | ((c >> 2) << 28) : c << 30;
-    if (c != 0u) list[pos] = static_cast<unsigned>(t) | e;
+    if (c != 0u) list[pos] = static_cast<unsigned>(t) | (c << 30);
     count += __popc(bal);
     __syncwarp();
   }
@@ -1118,36 +1064,17 @@ extern "C" __global__ void __launch_bounds__(kcache::AttentionBwdDkdvThreads(KC_
                             n_q_tiles, q_len, warp, lane);
 #elif KC_MASK == KC_MASK_DRAFTER
     for (int qt = tid; qt < n_q_tiles; qt += kThreads) {
-      // KC_DRAFTER_BATCH_LOADS: the step's blocks' anchors and keep flags
-      // loaded together first (whole steps of whole blocks).
-      RowRaw raw[kBwdBlocksPerStep];
-      if (KC_DRAFTER_BATCH_LOADS && kBwdDrafterSort && permute) {
-#pragma unroll
-        for (int i = 0; i < kBwdBlocksPerStep; ++i)
-          raw[i] = row_raw(p, b, 0, q_row(qt, i * kBwdBlk));
-      }
-      // Class of the step against keys [lo, lo + cols) (at least one key
-      // below kv_len): 0 none seen, 1 some, 2 all.
-      auto step_class = [&](int lo, int cols) -> int {
-        if (kBwdDrafterSort && permute) {  // whole steps of whole blocks
-          const int hi = imin(lo + cols, kv_len);
-          bool any = false, all = hi - lo == cols;
-          for (int i = 0; i < kBwdBlocksPerStep; ++i) {
-            const int q = q_row(qt, i * kBwdBlk);
-            drafter_rows_class(p, b, q, q + kBwdBlk, lo, hi, any, all,
-                               KC_DRAFTER_BATCH_LOADS ? &raw[i] : nullptr);
-          }
-          return any ? (all ? 2 : 1) : 0;
+      int c;
+      if (kBwdDrafterSort && permute) {  // whole steps of whole blocks
+        const int n1 = imin(n0 + kBN, kv_len);
+        bool any = false, all = n1 - n0 == kBN;
+        for (int i = 0; i < kBwdBlocksPerStep; ++i) {
+          const int q = q_row(qt, i * kBwdBlk);
+          drafter_rows_class(p, b, q, q + kBwdBlk, n0, n1, any, all);
         }
-        return classify_pair(p, b, qt * kBM, kBM, lo, cols, q_len, kv_len, off);
-      };
-      int c = step_class(n0, kBN);
-      if (kWgSkip && c == 1) {
-        // Bit 2 + w: warpgroup w's keys [n0 + 64 w, + 64) see none of the step.
-        for (int w = 0; w < 2; ++w) {
-          const int h0 = n0 + 64 * w;
-          if (imin(h0 + 64, kv_len) <= h0 || step_class(h0, 64) == 0) c |= 4 << w;
-        }
+        c = any ? (all ? 2 : 1) : 0;
+      } else {
+        c = classify_pair(p, b, qt * kBM, kBM, n0, kBN, q_len, kv_len, off);
       }
       list[qt] = static_cast<unsigned>(c);
     }
@@ -1170,26 +1097,33 @@ extern "C" __global__ void __launch_bounds__(kcache::AttentionBwdDkdvThreads(KC_
     n_items = KC_MASK == KC_MASK_EXPR ? count : group * count;
   }
 #endif
-  // Item it -> (hh, qt, cls).
+  // Item it -> (hh, qt, cls). With several query heads per key head (GQA),
+  // the last query tile first and the group's heads inner: the CTAs of one
+  // (batch, key head) start together (launch_order) and then read the same
+  // Q / dO rows at about the same time, where each walking one head's tiles
+  // upward from its own first visible tile drifted apart (sorted drafter
+  // dK/dV -7 to -12 %, random -7 %, H100, session 26). One head per key head
+  // keeps the ascending order: reversed alone, causal and no-mask measured 0
+  // to +4 %. The wgmma builds only, where it was measured: the portable
+  // kernels' registers (255, some spilling) moved with it.
+  const bool heads_inner = kWg && group > 1;
   auto item_of = [&](int it, int& hh, int& qt, int& cls) {
     if (use_list) {
-      // KC_BWD_ITEM_ORDER: the last query tile first, the group's heads inner.
-      const int pos = KC_BWD_ITEM_ORDER ? count - 1 - it / group : it % count;
+      const int pos = heads_inner ? count - 1 - it / group : it % count;
       const unsigned e = list[KC_MASK == KC_MASK_EXPR ? it : pos];
-      const int idx = static_cast<int>(e & (kWgSkip ? 0x0fffffffu : 0x3fffffffu));
+      const int idx = static_cast<int>(e & 0x3fffffffu);
       cls = static_cast<int>(e >> 30);
-      if (kWgSkip) cls |= static_cast<int>((e >> 28) & 3u) << 2;  // for the step only
       if (KC_MASK == KC_MASK_EXPR) {
         hh = idx / n_q_tiles;
         qt = idx % n_q_tiles;
       } else {
-        hh = KC_BWD_ITEM_ORDER ? it % group : it / count;
+        hh = heads_inner ? it % group : it / count;
         qt = idx;
       }
     } else {
       const int nr = qt_hi - qt_lo;
-      hh = KC_BWD_ITEM_ORDER ? it % group : it / nr;
-      qt = KC_BWD_ITEM_ORDER ? qt_hi - 1 - it / group : qt_lo + it % nr;
+      hh = heads_inner ? it % group : it / nr;
+      qt = heads_inner ? qt_hi - 1 - it / group : qt_lo + it % nr;
       cls = kListMask ? 1 : classify_pair(p, b, qt * kBM, kBM, n0, kBN, q_len, kv_len, off);
     }
   };
@@ -1591,13 +1525,6 @@ extern "C" __global__ void __launch_bounds__(kcache::AttentionBwdDkdvThreads(KC_
 
     int hh, qt, cls;
     item_of(it, hh, qt, cls);
-    bool wg_skip = false;  // kWgSkip: this warpgroup's keys see none of the step
-#if KC_BWD_WGMMA
-    if (kWgSkip) {
-      wg_skip = (cls >> (2 + wg)) & 1;
-      cls &= 3;
-    }
-#endif
     const int hq = hkv * group + hh;
     const int m0 = qt * kBM;
     const unsigned q_s = sQ + st * (kQB + kOB);
@@ -1614,15 +1541,7 @@ extern "C" __global__ void __launch_bounds__(kcache::AttentionBwdDkdvThreads(KC_
     if (it > 0) wg_dq(it - 1, prev_hq, prev_m0);
 #endif
 
-    if (wg_skip) {
-      // No products: P = dS = 0 for this warpgroup's keys. Its half of dS^T
-      // is zeroed for this step's dQ (wg_dq in the next step reads all keys).
-#if !KC_DETERMINISTIC
-      const unsigned zero[4] = {0u, 0u, 0u, 0u};
-#pragma unroll
-      for (int kk = 0; kk < kNT / 2; ++kk) store_ds_t(sS + st * kSB, key_row0, kk, t4, zero);
-#endif
-    } else if constexpr (kWgSplit) {
+    if constexpr (kWgSplit) {
 #if KC_BWD_WGMMA
       // kWg without a score modification: S^T and dP^T committed as two
       // groups; P is computed while dP^T runs, and dV += P^T dO is issued

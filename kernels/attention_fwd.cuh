@@ -182,8 +182,7 @@ static_assert(!kPingpong || ((kNWG == 2 || kNWG == 3) &&
 constexpr int kBarTurn = 1;
 constexpr int kTurnThreads = 256;
 constexpr int kBarCompute = kBarTurn + kNWG;
-static_assert(kBarCompute + kNWG < 16,
-              "named barriers 0..15 (KC_FWD_STAGED_OUT: one per warpgroup past kBarCompute)");
+static_assert(kBarCompute < 16, "named barriers 0..15");
 // sm_90a with 3+ stages: softmax overlaps the previous tile's P V wgmma.
 constexpr bool kOverlap = kWgmma && !kPingpong && kStages >= 3;
 // Tiles in flight ahead of the one computed.
@@ -262,19 +261,6 @@ __device__ __forceinline__ unsigned pack2(float lo, float hi) {
   asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
 #endif
   return r;
-}
-
-__device__ __forceinline__ float4 ld_shared_v4(unsigned addr) {
-  float4 v;
-  asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n"
-               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
-               : "r"(addr)
-               : "memory");
-  return v;
-}
-
-__device__ __forceinline__ void st_shared_u32(unsigned addr, unsigned v) {
-  asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
 }
 
 __device__ __forceinline__ void cp_async16(unsigned dst, const void* src, bool pred) {
@@ -503,12 +489,6 @@ __device__ __forceinline__ void named_bar_sync(int id, int count) {
 __device__ __forceinline__ void named_bar_arrive(int id, int count) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
 }
-// 16 bytes to global memory (dst 16-byte aligned), bits as they are.
-__device__ __forceinline__ void stg_v4(void* dst, float4 v) {
-  asm volatile("st.global.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(dst), "f"(v.x), "f"(v.y),
-               "f"(v.z), "f"(v.w)
-               : "memory");
-}
 // Shared-memory matrix descriptor, 128-byte swizzle.
 __device__ __forceinline__ unsigned long long smem_desc(unsigned addr, unsigned lbo, unsigned sbo) {
   return static_cast<unsigned long long>((addr & 0x3FFFFu) >> 4) |
@@ -633,27 +613,6 @@ __device__ __forceinline__ void launch_order(int& tile, int& y, int& z, int chun
 // heads share a key / value head under the drafter's GQA (8 gave the same
 // times, 2 none of the gain; session 21).
 constexpr int kFwdHeadChunk = 4;
-#ifndef KC_FWD_PROBE_TWICE
-#define KC_FWD_PROBE_TWICE 0
-#endif
-// KC_DRAFTER_BATCH_LOADS (an experiment, session 25, not measured yet): the
-// drafter prologues' global loads issued together rather than one latency
-// after another (drafter_rank_blocks' in-order check, the forward's row
-// data, the dK/dV's step classes).
-#ifndef KC_DRAFTER_BATCH_LOADS
-#define KC_DRAFTER_BATCH_LOADS 0
-#endif
-#ifndef KC_FWD_PROBE_FULL
-#define KC_FWD_PROBE_FULL 0
-#endif
-// KC_FWD_STAGED_OUT (an experiment, session 25, not measured yet): the
-// ping-pong's epilogue stages each warpgroup's O in its own rows of the Q
-// tile and stores it as whole 16-byte chunks of whole rows, where each
-// thread's 4-byte stores touched eight rows per warp instruction (2 048 L1
-// wavefronts a CTA against ~770).
-#ifndef KC_FWD_STAGED_OUT
-#define KC_FWD_STAGED_OUT 0
-#endif
 
 #if KC_MASK == KC_MASK_DRAFTER
 // Batch row b's nb drafter blocks in ascending order of (sort anchor, block
@@ -703,44 +662,6 @@ __device__ __noinline__ bool drafter_rank_blocks(unsigned short* order, unsigned
   };
   bool unordered = false;
   for (int k = tid; k < kRankBuckets; k += THREADS) cur[k] = 0;
-#if KC_DRAFTER_BATCH_LOADS
-  // Experiment (session 25, not measured yet): the loop below runs its loads
-  // one after another (each sort_anchor a branch around generic loads; a
-  // store to the scratch between iterations), ~4 global latencies per CTA
-  // for 512 blocks on 256 threads. Here a round's keep and anchor loads
-  // (kRound blocks a thread, and lane 31's right neighbours) are issued
-  // together, and the other neighbours come by shuffle: one latency a round.
-  static_assert(THREADS % 32 == 0, "whole warps");
-  constexpr int kRound = 4;
-  const int lane = tid & 31;
-  for (int base = 0; base < nb; base += kRound * THREADS) {
-    kc_i32 ar[kRound], an[kRound];
-    kc_i8 kr[kRound], kn[kRound];
-#pragma unroll
-    for (int k = 0; k < kRound; ++k) {
-      const int i = base + k * THREADS + tid;
-      const bool in = i < nb, nx = lane == 31 && i + 1 < nb;
-      ar[k] = in ? __ldg(anc + i) : 0;
-      kr[k] = in && kp != nullptr ? __ldg(kp + i) : kc_i8{1};
-      an[k] = nx ? __ldg(anc + i + 1) : 0;
-      kn[k] = nx && kp != nullptr ? __ldg(kp + i + 1) : kc_i8{1};
-    }
-    auto sort_of = [&](kc_i32 a, kc_i8 keep) -> unsigned {
-      return keep != 0 ? static_cast<unsigned>(imax(0, imin(a, ctx))) + 1u : 0u;
-    };
-#pragma unroll
-    for (int k = 0; k < kRound; ++k) {
-      const int i = base + k * THREADS + tid;
-      const unsigned a = sort_of(ar[k], kr[k]);
-      const unsigned right = __shfl_down_sync(0xffffffffu, a, 1);
-      const unsigned next = lane == 31 ? sort_of(an[k], kn[k]) : right;
-      if (i < nb) sa[i] = a;
-      // Block indices break ties: the blocks are in order iff every adjacent
-      // pair of sort anchors is.
-      if (i + 1 < nb && a > next) unordered = true;
-    }
-  }
-#else
   for (int i = tid; i < nb; i += THREADS) {
     const unsigned a = sort_anchor(i);
     sa[i] = a;
@@ -748,7 +669,6 @@ __device__ __noinline__ bool drafter_rank_blocks(unsigned short* order, unsigned
     // pair of sort anchors is.
     if (i + 1 < nb && a > sort_anchor(i + 1)) unordered = true;
   }
-#endif
   if (__syncthreads_or(unordered) == 0) return false;
   for (int i = tid; i < nb; i += THREADS) atomicAdd(&cur[bucket(sa[i])], 1);
   __syncthreads();
@@ -1014,15 +934,11 @@ extern "C" __global__ void __launch_bounds__(kcache::attn_fwd::kFwdThreadsAll)
     const int j = q / kBlk;
     int4 rd = make_int4(0, 0, 0, 0);  // visible: [x, y) U [z, w)
     if (q >= 0 && j < p.drafter_num_blocks) {
-      // KC_DRAFTER_BATCH_LOADS: the anchor's load beside the keep flag's
-      // rather than after it (j is in range either way).
-      const int a_early = KC_DRAFTER_BATCH_LOADS ? p.drafter_anchor[b * p.drafter_stride_b + j] : 0;
       const bool keep =
           p.drafter_keep == nullptr || p.drafter_keep[b * p.drafter_stride_b + j] != 0;
       rd.z = rd.w = ctx_len + j * kBlk;  // dropped: empty, but z still names the block
       if (keep) {
-        const int a =
-            KC_DRAFTER_BATCH_LOADS ? a_early : p.drafter_anchor[b * p.drafter_stride_b + j];
+        const int a = p.drafter_anchor[b * p.drafter_stride_b + j];
         rd.y = imax(0, imin(a, ctx_len));
         rd.x = KC_DRAFTER_WINDOW > 0 ? imin(imax(a - KC_DRAFTER_WINDOW, 0), rd.y) : 0;
         rd.z = ctx_len + j * kBlk;
@@ -1112,14 +1028,6 @@ extern "C" __global__ void __launch_bounds__(kcache::attn_fwd::kFwdThreadsAll)
     n_iter = n_kv_tiles;  // every tile, each treated as partial
   }
 #endif
-  // KC_FWD_PROBE_TWICE (a measurement, session 25; not for use): every key tile is
-  // walked twice, so that the walk's time doubles while the CTA's fixed costs (its
-  // prologue before K(0), its epilogue, its launch) stay: T(twice) - T(once) is the
-  // walk, the rest of T(once) the fixed cost. O is unchanged (P and the row sums
-  // both double); the LSE is ln 2 too high.
-  const int n_once = n_iter;
-  if (KC_FWD_PROBE_TWICE) n_iter *= 2;
-  auto walk = [&](int i) -> int { return KC_FWD_PROBE_TWICE ? i % n_once : i; };
 
   // K and/or V (parts: 1 K, 2 V, 3 both) of key tile t into the stage at
   // (dk, dv), by kLoadThreads threads (ltid: this thread's index among them).
@@ -1167,7 +1075,7 @@ extern "C" __global__ void __launch_bounds__(kcache::attn_fwd::kFwdThreadsAll)
       // Tile i sits in stage i & 1.
       for (int i = 0; i < n_iter; ++i) {
         const int st = i & 1;
-        const int t = use_list ? (tile_list[walk(i)] & 0x3fff) : first + walk(i);
+        const int t = use_list ? (tile_list[i] & 0x3fff) : first + i;
         // K(i) after V(i - 1): a thread's kfull arrival then also means
         // that its V(i - 1) landed (the compute loop relies on it).
         if (i >= 2) mbar_wait(bar_kempty + 8 * st, ((i >> 1) - 1) & 1);
@@ -1186,8 +1094,8 @@ extern "C" __global__ void __launch_bounds__(kcache::attn_fwd::kFwdThreadsAll)
 #pragma unroll
     for (int s = 0; s < kPrefetch; ++s) {
       if (s < n_iter) {
-        load_kv(use_list ? (tile_list[walk(s)] & 0x3fff) : first + walk(s), sK + s * kKBytes,
-                sV + s * kVBytes, tid, 3);
+        load_kv(use_list ? (tile_list[s] & 0x3fff) : first + s, sK + s * kKBytes, sV + s * kVBytes,
+                tid, 3);
       }
       cp_async_commit();
     }
@@ -1257,11 +1165,11 @@ extern "C" __global__ void __launch_bounds__(kcache::attn_fwd::kFwdThreadsAll)
   // Tile index and CTA-level class (0 empty, 1 partial, 2 full) of iteration i.
   auto tile_of = [&](int i, int& tile, int& cls) {
     if (use_list) {
-      const int e = tile_list[walk(i)];
+      const int e = tile_list[i];
       tile = e & 0x3fff;
       cls = e >> 14;
     } else {
-      tile = first + walk(i);
+      tile = first + i;
 #if KC_MASK == KC_MASK_NONE
       cls = tile * kBN + kBN <= kv_len ? 2 : 1;
 #elif KC_MASK == KC_MASK_CAUSAL || KC_MASK == KC_MASK_SLIDING_WINDOW
@@ -1273,10 +1181,6 @@ extern "C" __global__ void __launch_bounds__(kcache::attn_fwd::kFwdThreadsAll)
       cls = 1;
 #endif
     }
-    // KC_FWD_PROBE_FULL (a measurement, session 25; wrong results): every
-    // visited tile runs the full tile's path, so that T(base) - T(probe) is
-    // what the partial tiles' masking costs.
-    if (KC_FWD_PROBE_FULL && cls != 0) cls = 2;
   };
 
   // Keys a real tile may show: with the own keys gathered, those past the
@@ -1532,8 +1436,8 @@ extern "C" __global__ void __launch_bounds__(kcache::attn_fwd::kFwdThreadsAll)
 
   // K and V of iteration ip into stage st.
   auto prefetch = [&](int ip, int st) {
-    load_kv(use_list ? (tile_list[walk(ip)] & 0x3fff) : first + walk(ip), sK + st * kKBytes,
-            sV + st * kVBytes, tid, 3);
+    load_kv(use_list ? (tile_list[ip] & 0x3fff) : first + ip, sK + st * kKBytes, sV + st * kVBytes,
+            tid, 3);
   };
 
   // mma.sync: S = Q K^T and O += P V for the tile in `stage`.
@@ -1657,83 +1561,13 @@ extern "C" __global__ void __launch_bounds__(kcache::attn_fwd::kFwdThreadsAll)
   // compiled with a branch inverted, and the measured SASS is kept.
   auto write_out = [&]() {
     elem_t* og = static_cast<elem_t*>(p.o) + b * p.o_stride_b + h * p.o_stride_h;
-    // Row (mt, hh)'s softmax sum over the four threads that hold it.
-    auto row_sum = [&](int mt, int hh) -> float {
-      float l = l_run[mt][hh];
-      l += __shfl_xor_sync(0xffffffffu, l, 1);
-      l += __shfl_xor_sync(0xffffffffu, l, 2);
-      return l;
-    };
-    // Row (mt, hh)'s LSE at query q (< q_len), from its sum l.
-    auto store_lse = [&](int mt, int hh, int q, float l) {
-#if KC_RETURN_LSE
-      if (t4 == 0 && p.lse != nullptr) {
-        p.lse[b * p.lse_stride_b + h * p.lse_stride_h + q] =
-            l > 0.f ? (m_run[mt][hh] + log2f(l)) * kLn2 : neg_inf();
-      }
-#else
-      (void)mt;
-      (void)hh;
-      (void)q;
-      (void)l;
-#endif
-    };
-#if KC_WGMMA_HEAD_DIMS
-    // (O's rows need 16-byte alignment here; the contract asks only 4 of o.)
-    if (kPingpong && KC_FWD_STAGED_OUT && kDV <= kDQK &&
-        ((reinterpret_cast<unsigned long long>(og) | (p.o_stride_s * 2)) & 15) == 0) {
-      // O of tile row r, column c at [c / 64][r][64] with Q's 128-byte
-      // swizzle, in the Q tile (this warpgroup's rows only: its last S was
-      // waited, and no other warpgroup reads them).
-      const int wg = warp >> 2, wtid = tid & 127;
-      auto o_addr = [&](int r, int chunk) -> unsigned {  // 16-byte chunk of row r
-        return sQ + static_cast<unsigned>((chunk >> 3) * (kBM * 128) + r * 128 +
-                                          (((chunk & 7) ^ (r & 7)) << 4));
-      };
-      fence_proxy_async();  // wgmma's reads of Q -> these writes
-#pragma unroll
-      for (int mt = 0; mt < kMT; ++mt) {
-#pragma unroll
-        for (int hh = 0; hh < 2; ++hh) {
-          const float l = row_sum(mt, hh);
-          const float inv = l > 0.f ? 1.f / l : 0.f;
-          const int r = warp * kWM + mt * 16 + g + hh * 8;
-#pragma unroll
-          for (int dt = 0; dt < kDT; ++dt) {
-            st_shared_u32(o_addr(r, dt) + 4 * t4,
-                          pack2(o[mt][dt][hh * 2] * inv, o[mt][dt][hh * 2 + 1] * inv));
-          }
-          const int q = q_of(mt, hh);
-          if (q < q_len) store_lse(mt, hh, q, l);
-        }
-      }
-      named_bar_sync(kBarCompute + 1 + wg, 128);  // this warpgroup's O staged
-      // Tile row r's query index, as q_of gives it for this thread's rows.
-      auto q_at = [&](int r) -> int {
-#if KC_MASK == KC_MASK_DRAFTER
-        if (kDrafterSort && permute) {
-          return r <= mlast - m0 ? rowdata[r].z - ctx_len + r % KC_DRAFTER_BLOCK : q_len;
-        }
-#endif
-        return m0 + r;
-      };
-      constexpr int kChunks = kDV / 8;  // 16-byte chunks per row
-#pragma unroll
-      for (int j = 0; j < 64 * kChunks / 128; ++j) {
-        const int idx = j * 128 + wtid;
-        const int r = wg * 64 + idx / kChunks, chunk = idx % kChunks;
-        const int q = q_at(r);
-        const float4 v = ld_shared_v4(o_addr(r, chunk));
-        if (q < q_len) stg_v4(og + q * p.o_stride_s + chunk * 8, v);
-      }
-      return;
-    }
-#endif
 #pragma unroll
     for (int mt = 0; mt < kMT; ++mt) {
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
-        const float l = row_sum(mt, hh);
+        float l = l_run[mt][hh];
+        l += __shfl_xor_sync(0xffffffffu, l, 1);
+        l += __shfl_xor_sync(0xffffffffu, l, 2);
         const int q = q_of(mt, hh);
         if (q < q_len) {
           const float inv = l > 0.f ? 1.f / l : 0.f;
@@ -1742,7 +1576,12 @@ extern "C" __global__ void __launch_bounds__(kcache::attn_fwd::kFwdThreadsAll)
           for (int dt = 0; dt < kDT; ++dt) {
             orow[dt * 4] = pack2(o[mt][dt][hh * 2] * inv, o[mt][dt][hh * 2 + 1] * inv);
           }
-          store_lse(mt, hh, q, l);
+#if KC_RETURN_LSE
+          if (t4 == 0 && p.lse != nullptr) {
+            p.lse[b * p.lse_stride_b + h * p.lse_stride_h + q] =
+                l > 0.f ? (m_run[mt][hh] + log2f(l)) * kLn2 : neg_inf();
+          }
+#endif
         }
       }
     }
