@@ -17,8 +17,9 @@ bit-identical dQ/dK/dV. Prints one line per case, "N passed, M failed" last.
 Tolerances: rel L2 <= 1e-2 (bf16) / 3e-3 (fp16) for O, dQ, dK, dV, where dQ
 and dK errors are taken relative to max(|grad|, 0.1 * |its terms before
 softmax's centring|) (rows with one visible key have dS = 0 exactly, and a
-correct kernel leaves rounding noise there); the trainable bias gradient gets
-5x (it is a small remainder of large terms). A float32 FA2-style model of the
+correct kernel leaves rounding noise there), and the reference's delta is the
+kernel's own (from its rounded O, as the kernel's must be); the trainable bias
+gradient gets 5x (it is a small remainder of large terms). A float32 FA2-style model of the
 backward with bf16/fp16-rounded P, dS and O passed 200/200 cases on the CPU
 with worst errors dQ 4.1e-3 bf16 / 6.1e-4 fp16, d bias 1.1e-2 bf16.
 
@@ -182,21 +183,33 @@ def reference(torch, spec, c):
     # to max(|grad|, FLOOR * |uncentred terms|); see rel_err().
     with torch.no_grad():
         pd = p.detach()
+        # The kernel's delta is rowsum(dO * O) of its own, rounded O (the contract's, as in
+        # every FA-style backward), so its dS is the exact one moved by P * shift, shift =
+        # delta_exact - delta_kernel: dQ and dK take that shift here (d bias in check()).
+        # Without it a float64 model of a correct fp16 kernel missed 3e-3 on tiny causal
+        # cases (Lq 3, amp 2: up to 7e-3, 9 of 400), with it under 5e-4 (kernels/NOTES.md,
+        # session 26).
+        shift = (dout * o.detach()).sum(-1) - (dout * torch.nan_to_num(c["o"].double())).sum(-1)
+        w = pd * shift[..., None]
         u = pd * (dout @ ve.detach().transpose(-1, -2))  # P * dP, w.r.t. the modified score
         scale_of = {}
         if spec["score"] == "softcap":
-            u = u * (1 - torch.tanh(s_raw.detach() / spec["softcap"]) ** 2)
+            dcap = 1 - torch.tanh(s_raw.detach() / spec["softcap"]) ** 2
+            u, w = u * dcap, w * dcap
         if bias is not None:  # sum over kv of P * c(q, kv): see check()'s d bias
             grads["dbias_pc"] = (pd * cmul).sum(-1)
             # d bias[h] = sum over (b, q, kv) of dS c: its uncentred terms P dP c.
             scale_of["dbias"] = (u * cmul).sum(dim=(0, 2, 3)).norm().item()
-        u = u * scale
+        u, w = u * scale, w * scale
         B, Hkv = c["B"], c["Hkv"]
+        grads["dQ"] = grads["dQ"] + w @ ke.detach()
+        grads["dK"] = grads["dK"] + (w.transpose(-1, -2) @ q.detach()).view(
+            B, Hkv, rep, Lkv, -1).sum(2)
         scale_of["dQ"] = (u @ ke.detach()).norm().item()
         scale_of["dK"] = (u.transpose(-1, -2) @ q.detach()).view(
             B, Hkv, rep, Lkv, -1).sum(2).norm().item()
         scale_of["dV"] = 0.0
-        del u, pd
+        del u, w, pd
     unseen = ~vis.any(dim=-2)  # [B or 1, 1, Lkv]: keys no query sees
     return o.detach(), lse, grads, dead[..., 0], unseen, scale_of
 
