@@ -1,10 +1,10 @@
 """The backward kernel suite's reference and tolerances (tests/kernels/test_attention_bwd.py),
 checked on the CPU: a float64 model of a correct FA2-style backward (O rounded to the dtype,
-delta from that O, P and dS rounded before their products, d bias from the fp32 dS) must pass check() on every case,
-and the same gradients with dQ or dK off by 3 % must fail it wherever the gradient is above
-the suite's floor. The suite itself launches
-kernels on a GPU; this keeps its reference honest where CI has no GPU (torch's "cuda" tensors
-are made on the CPU for the duration of the test).
+delta from that O, P and dS rounded before their products, d bias from the fp32 dS) must
+pass check() on every case, and the same gradients with dQ or dK off by 3 % must fail it
+wherever the gradient is above the suite's floor. The suite itself launches kernels on a
+GPU; this keeps its reference honest where CI has no GPU (torch's "cuda" tensors are made
+on the CPU for the duration of the test).
 """
 import math
 import os
