@@ -9,7 +9,6 @@ on the CPU for the duration of the test).
 import math
 import os
 import random
-import sys
 
 import pytest
 
