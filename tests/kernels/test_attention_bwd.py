@@ -142,6 +142,29 @@ def new_grads(torch, spec, c):
     return (dq, dk, dv), (dqb, dkb, dvb)
 
 
+def masked_scores(torch, spec, c, q, ke, bias):
+    """The float64 scores of q against ke (the key heads repeated per query head): the
+    spec's scale, score modification and mask (-inf where hidden). Returns (scale, the raw
+    scores, the modified and masked ones, the bias expression's c(q, kv), the visibility
+    [B or 1, 1, Lq, Lkv], the dead rows). bias: the bias buffer (float64) or None."""
+    scale = float(torch.tensor(spec["scale"], dtype=torch.float32))
+    s_raw = (q @ ke.transpose(-1, -2)) * scale
+    s = s_raw
+    qi = torch.arange(c["Lq"], device="cuda", dtype=torch.float64)[:, None]
+    ki = torch.arange(c["Lkv"], device="cuda", dtype=torch.float64)[None, :]
+    cmul = torch.remainder(qi - ki, 7)[None, None]  # the bias expression's c(q, kv)
+    if spec["score"] == "softcap":
+        cap = spec["softcap"]
+        s = cap * torch.tanh(s / cap)
+    elif spec["score"] == "alibi":
+        s = s + c["slopes"].double()[None, :, None, None] * (ki - qi)[None, None]
+    elif spec["score"] == "expr":
+        s = s + bias[None, :, None, None] * cmul
+    vis = F.ref_mask(torch, spec, c)
+    dead = ~vis.any(dim=-1, keepdim=True)  # rows with no visible key
+    return scale, s_raw, s.masked_fill(~vis, float("-inf")), cmul, vis, dead
+
+
 def reference(torch, spec, c):
     """float64 O, LSE and the gradients of Q, K, V (and the bias buffer) for dO."""
     rep = c["Hq"] // c["Hkv"]
@@ -151,23 +174,7 @@ def reference(torch, spec, c):
     bias = c["bias"].double().requires_grad_() if spec["score"] == "expr" else None
     ke = k.repeat_interleave(rep, dim=1)
     ve = v.repeat_interleave(rep, dim=1)
-    scale = float(torch.tensor(spec["scale"], dtype=torch.float32))
-    s_raw = (q @ ke.transpose(-1, -2)) * scale
-    s = s_raw
-    Lq, Lkv = c["Lq"], c["Lkv"]
-    qi = torch.arange(Lq, device="cuda", dtype=torch.float64)[:, None]
-    ki = torch.arange(Lkv, device="cuda", dtype=torch.float64)[None, :]
-    cmul = torch.remainder(qi - ki, 7)[None, None]  # the bias expression's c(q, kv)
-    if spec["score"] == "softcap":
-        cap = spec["softcap"]
-        s = cap * torch.tanh(s / cap)
-    elif spec["score"] == "alibi":
-        s = s + c["slopes"].double()[None, :, None, None] * (ki - qi)[None, None]
-    elif spec["score"] == "expr":
-        s = s + bias[None, :, None, None] * cmul
-    vis = F.ref_mask(torch, spec, c)  # [B or 1, 1, Lq, Lkv]
-    dead = ~vis.any(dim=-1, keepdim=True)  # rows with no visible key
-    s = s.masked_fill(~vis, float("-inf"))
+    scale, s_raw, s, cmul, vis, dead = masked_scores(torch, spec, c, q, ke, bias)
     with torch.no_grad():
         lse = torch.logsumexp(s, dim=-1)  # -inf on dead rows
     # Dead rows: P = 0 (a finite row keeps softmax's gradient free of NaN).
@@ -204,7 +211,7 @@ def reference(torch, spec, c):
             # d bias[h] = sum over (b, q, kv) of dS c: its uncentred terms P dP c.
             scale_of["dbias"] = (u * cmul).sum(dim=(0, 2, 3)).norm().item()
         u, w = u * scale, w * scale
-        B, Hkv = c["B"], c["Hkv"]
+        B, Hkv, Lkv = c["B"], c["Hkv"], c["Lkv"]
         grads["dQ"] = grads["dQ"] + w @ ke.detach()
         grads["dK"] = grads["dK"] + (w.transpose(-1, -2) @ q.detach()).view(
             B, Hkv, rep, Lkv, -1).sum(2)

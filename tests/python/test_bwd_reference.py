@@ -6,7 +6,6 @@ wherever the gradient is above the suite's floor. The suite itself launches kern
 GPU; this keeps its reference honest where CI has no GPU (torch's "cuda" tensors are made
 on the CPU for the duration of the test).
 """
-import math
 import os
 import random
 
@@ -35,35 +34,19 @@ def on_cpu(monkeypatch):
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
     monkeypatch.syspath_prepend(KERNEL_TESTS)
     import test_attention_bwd as T
-    import test_attention_fwd as F
-    return T, F
+    return T
 
 
-def fa2_model(T, F, spec, c):
+def fa2_model(T, spec, c):
     """The backward of a correct kernel, in float64 with the kernel's roundings; fills the
     case's O and LSE as the forward would. Returns check()'s `got`."""
     rep = c["Hq"] // c["Hkv"]
     dt = c["dtype"]
     q, k, v = c["q"].double(), c["k"].double(), c["v"].double()
     ke, ve = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
-    scale = float(torch.tensor(spec["scale"], dtype=torch.float32))
-    s_raw = q @ ke.transpose(-1, -2) * scale
-    s = s_raw
-    qi = torch.arange(c["Lq"], dtype=torch.float64)[:, None]
-    ki = torch.arange(c["Lkv"], dtype=torch.float64)[None, :]
-    cmul = torch.remainder(qi - ki, 7)[None, None]
-    dcap = None
-    if spec["score"] == "softcap":
-        cap = spec["softcap"]
-        s = cap * torch.tanh(s / cap)
-        dcap = 1 - torch.tanh(s_raw / cap) ** 2
-    elif spec["score"] == "alibi":
-        s = s + c["slopes"].double()[None, :, None, None] * (ki - qi)[None, None]
-    elif spec["score"] == "expr":
-        s = s + c["bias"].double()[None, :, None, None] * cmul
-    vis = F.ref_mask(torch, spec, c)
-    dead = ~vis.any(-1, keepdim=True)
-    s = s.masked_fill(~vis, -math.inf)
+    bias = c["bias"].double() if spec["score"] == "expr" else None
+    scale, s_raw, s, cmul, vis, dead = T.masked_scores(torch, spec, c, q, ke, bias)
+    dcap = 1 - torch.tanh(s_raw / spec["softcap"]) ** 2 if spec["score"] == "softcap" else None
     p = torch.softmax(s.masked_fill(dead, 0.0), -1).masked_fill(dead | ~vis, 0.0)
     o = (p @ ve).to(dt)
     c["o"].copy_(o)
@@ -85,7 +68,7 @@ def fa2_model(T, F, spec, c):
 
 
 def test_reference_passes_a_correct_model_and_catches_errors(on_cpu):
-    T, F = on_cpu
+    T = on_cpu
     variants = sorted((n, s) for n, s in T.variants() if not s["sm90a"])
     rng = random.Random(SEED)
     random.seed(SEED)  # the layouts' padding comes from the global generator
@@ -94,7 +77,7 @@ def test_reference_passes_a_correct_model_and_catches_errors(on_cpu):
     for i in range(CASES):
         name, spec = variants[(i * 7) % len(variants)]
         c = T.build_bwd_case(torch, spec, rng)
-        got = fa2_model(T, F, spec, c)
+        got = fa2_model(T, spec, c)
         ref = T.reference(torch, spec, c)
         msgs, errs, _, _ = T.check(torch, spec, c, got, ref)
         if msgs:
