@@ -7,13 +7,15 @@
 #   .devcarry/bin/{cuda_driver_gpu_test,client_gpu_test}   (static test binaries)
 #   .devcarry/pygen/kcache/v1/*.py             (ninja kcache_python_proto)
 #   .devcarry/cubins/                          (optional: kernel harness cache)
-# Prints one line per suite at the end; exit status 1 if any failed.
+# Prints one line per suite as it ends and all of them at the end, each with its log's
+# count line (n passed / failed); also when stopped from outside (TERM: the running suite is
+# marked CUT). Exit status 1 if any failed.
 # Environment: SEED, CASES (forward kernel cases, 300), CASES_BWD (backward kernel
 # cases, 200), KERNEL_SELECT (regex on kernel variant names, both kernel suites),
 # BENCH=1 (also the forward and the forward+backward benchmarks), SUITES (regex on
 # suite names: run only those, e.g. SUITES='kernel_backward|attention_bench_backward').
 set -u
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 export PYTHONUNBUFFERED=1
 if [[ ! -x dist/kcached && -f .devcarry/pack/kcache-dist.tar.xz ]]; then
@@ -31,21 +33,55 @@ python3 -c 'import torch; print("torch", torch.__version__)'
 
 results=()
 failed=0
+current=""
+child=0
+# The log's last line that counts tests (passed / failed / failures), else its last line:
+# each result line says what ran, so that a tail of the output is enough to count from.
+counted() {
+  local line
+  line=$(grep -E -i 'passed|failed|failure' "$1" | tail -n 1)
+  [[ -n $line ]] || line=$(tail -n 1 "$1")
+  printf '%s' "${line:0:120}"
+}
+summary() {
+  echo
+  echo "GPU suites (seed $SEED, $SECONDS s in all):"
+  printf '  %s\n' "${results[@]}"
+}
+# Stopped from outside (a device call's time limit): the running suite is stopped too and
+# the summary still printed, the suite cut marked as such (not counted as passed).
+# shellcheck disable=SC2317  # reached through the trap
+stopped() {
+  if ((child > 0)); then kill -TERM "$child" 2>/dev/null; wait "$child" 2>/dev/null; fi
+  [[ -n $current ]] && results+=("CUT   $current (stopped from outside)")
+  summary
+  exit 143
+}
+trap stopped TERM INT
 suite() {
   local name=$1 limit=$2
   shift 2
   if [[ -n ${SUITES:-} && ! $name =~ $SUITES ]]; then
     return 0
   fi
-  local start=$SECONDS
+  local start=$SECONDS status=0
   echo "=== $name: $*"
-  if timeout "$limit" "$@" >"$LOGS/$name.log" 2>&1; then
-    results+=("PASS  $name ($((SECONDS - start)) s)")
+  current=$name
+  # In the background so that a TERM reaches the trap at once (bash runs a trap only after
+  # the foreground command it waits for).
+  timeout "$limit" "$@" >"$LOGS/$name.log" 2>&1 &
+  child=$!
+  wait "$child" || status=$?
+  child=0
+  current=""
+  tail -n 12 "$LOGS/$name.log"
+  if ((status == 0)); then
+    results+=("PASS  $name ($((SECONDS - start)) s): $(counted "$LOGS/$name.log")")
   else
-    results+=("FAIL  $name (exit $?, $((SECONDS - start)) s)")
+    results+=("FAIL  $name (exit $status, $((SECONDS - start)) s): $(counted "$LOGS/$name.log")")
     failed=1
   fi
-  tail -n 12 "$LOGS/$name.log"
+  echo "${results[-1]}"
 }
 
 suite cuda_driver_gpu_test 120 .devcarry/bin/cuda_driver_gpu_test
@@ -87,7 +123,5 @@ if [[ -n ${BENCH:-} ]]; then
     --json "$LOGS/bench_bwd.json"
 fi
 
-echo
-echo "GPU suites (seed $SEED, $SECONDS s in all):"
-printf '  %s\n' "${results[@]}"
+summary
 exit $failed
