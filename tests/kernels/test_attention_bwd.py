@@ -144,25 +144,28 @@ def new_grads(torch, spec, c):
 
 def masked_scores(torch, spec, c, q, ke, bias):
     """The float64 scores of q against ke (the key heads repeated per query head): the
-    spec's scale, score modification and mask (-inf where hidden). Returns (scale, the raw
-    scores, the modified and masked ones, the bias expression's c(q, kv), the visibility
+    spec's scale, score modification and mask (-inf where hidden). Returns (scale, the
+    modified and masked scores, softcap's derivative d S / d raw score (None for other score
+    modifications; no gradient), the bias expression's c(q, kv), the visibility
     [B or 1, 1, Lq, Lkv], the dead rows). bias: the bias buffer (float64) or None."""
     scale = float(torch.tensor(spec["scale"], dtype=torch.float32))
     s_raw = (q @ ke.transpose(-1, -2)) * scale
     s = s_raw
+    dcap = None
     qi = torch.arange(c["Lq"], device="cuda", dtype=torch.float64)[:, None]
     ki = torch.arange(c["Lkv"], device="cuda", dtype=torch.float64)[None, :]
     cmul = torch.remainder(qi - ki, 7)[None, None]  # the bias expression's c(q, kv)
     if spec["score"] == "softcap":
         cap = spec["softcap"]
         s = cap * torch.tanh(s / cap)
+        dcap = 1 - torch.tanh(s_raw.detach() / cap) ** 2
     elif spec["score"] == "alibi":
         s = s + c["slopes"].double()[None, :, None, None] * (ki - qi)[None, None]
     elif spec["score"] == "expr":
         s = s + bias[None, :, None, None] * cmul
     vis = F.ref_mask(torch, spec, c)
     dead = ~vis.any(dim=-1, keepdim=True)  # rows with no visible key
-    return scale, s_raw, s.masked_fill(~vis, float("-inf")), cmul, vis, dead
+    return scale, s.masked_fill(~vis, float("-inf")), dcap, cmul, vis, dead
 
 
 def reference(torch, spec, c):
@@ -174,7 +177,7 @@ def reference(torch, spec, c):
     bias = c["bias"].double().requires_grad_() if spec["score"] == "expr" else None
     ke = k.repeat_interleave(rep, dim=1)
     ve = v.repeat_interleave(rep, dim=1)
-    scale, s_raw, s, cmul, vis, dead = masked_scores(torch, spec, c, q, ke, bias)
+    scale, s, dcap, cmul, vis, dead = masked_scores(torch, spec, c, q, ke, bias)
     with torch.no_grad():
         lse = torch.logsumexp(s, dim=-1)  # -inf on dead rows
     # Dead rows: P = 0 (a finite row keeps softmax's gradient free of NaN).
@@ -203,8 +206,7 @@ def reference(torch, spec, c):
         w = pd * shift[..., None]
         u = pd * (dout @ ve.detach().transpose(-1, -2))  # P * dP, w.r.t. the modified score
         scale_of = {}
-        if spec["score"] == "softcap":
-            dcap = 1 - torch.tanh(s_raw.detach() / spec["softcap"]) ** 2
+        if dcap is not None:
             u, w = u * dcap, w * dcap
         if bias is not None:
             grads["dbias"] = grads["dbias"] + (w * cmul).sum(dim=(0, 2, 3))

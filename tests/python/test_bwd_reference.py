@@ -45,8 +45,7 @@ def fa2_model(T, spec, c):
     q, k, v = c["q"].double(), c["k"].double(), c["v"].double()
     ke, ve = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
     bias = c["bias"].double() if spec["score"] == "expr" else None
-    scale, s_raw, s, cmul, vis, dead = T.masked_scores(torch, spec, c, q, ke, bias)
-    dcap = 1 - torch.tanh(s_raw / spec["softcap"]) ** 2 if spec["score"] == "softcap" else None
+    scale, s, dcap, cmul, vis, dead = T.masked_scores(torch, spec, c, q, ke, bias)
     p = torch.softmax(s.masked_fill(dead, 0.0), -1).masked_fill(dead | ~vis, 0.0)
     o = (p @ ve).to(dt)
     c["o"].copy_(o)
