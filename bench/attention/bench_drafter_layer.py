@@ -19,7 +19,9 @@ of `block` draft tokens sees the context before its anchor and its own block), O
 projection and residual, RMSNorm, SwiGLU MLP and residual. New anchors every step. Default
 shape: B2, hidden 4096, 32/8 heads, D128, context 3072 + 512 blocks of 16, MLP 12288,
 bf16. Prints per variant the first step (with its compiles) and the median step after
-warm-up, then kcache's step against flex's best (target >= 1.1x).
+warm-up, then kcache's step against flex's best (target >= 1.1x). --profile N then runs N
+more steps of each variant under torch.profiler and prints its CUDA kernels' time a step
+(where a variant's share of the step goes, and how much of the step is host gaps).
 
   KCACHE_TARGET=unix:/path/kcached.sock python3 bench/attention/bench_drafter_layer.py
 """
@@ -86,6 +88,9 @@ def main():
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--only", default=None, help="comma-separated variant names")
     ap.add_argument("--no-compiled-mask", action="store_true")
+    ap.add_argument("--profile", type=int, default=0, metavar="STEPS",
+                    help="after timing, profile STEPS more steps of each variant (torch.profiler) "
+                         "and print its CUDA kernels' time per step and the GPU's idle time")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("bench_drafter_layer: needs a CUDA GPU", file=sys.stderr)
@@ -168,6 +173,8 @@ def main():
             res[name] = statistics.median(times) * 1e3
             print("%-19s first step %8.1f ms   step %7.2f ms (median of %d; min %.2f)" % (
                 name, first * 1e3, res[name], args.steps, min(times) * 1e3), flush=True)
+            if args.profile > 0:
+                profile_steps(name, lambda: run(make), args.profile)
         except Exception as e:  # report and go on to the next variant
             print("%-19s ERROR %s" % (name, str(e)[:300]), flush=True)
     flex_best = min((res[n] for n in ("flex_eager_mask", "flex_compiled_mask") if n in res),
@@ -181,6 +188,28 @@ def main():
             if n != "no_attention":
                 print("%-19s attention's share of the step: %.2f ms" % (n, t - res["no_attention"]))
     return 0
+
+
+def profile_steps(name, step, steps):
+    """CUDA kernels of `steps` steps by time (ms a step), and the step's GPU time against its
+    wall time: where attention's share of the step goes, kernels or host gaps."""
+    from torch.profiler import ProfilerActivity, profile
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+        wall = (time.perf_counter() - t0) * 1e3 / steps
+    kernels = {}
+    for ev in prof.events():
+        if ev.device_type == torch.autograd.DeviceType.CUDA:
+            kernels[ev.name] = kernels.get(ev.name, 0.0) + ev.device_time_total / 1e3 / steps
+    busy = sum(kernels.values())
+    print("%-19s profile: wall %.2f ms a step, CUDA work %.2f ms (the rest: host gaps)" % (
+        name, wall, busy), flush=True)
+    for k, t in sorted(kernels.items(), key=lambda kv: -kv[1])[:12]:
+        print("    %7.3f ms  %s" % (t, k[:110]), flush=True)
 
 
 if __name__ == "__main__":
