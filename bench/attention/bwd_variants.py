@@ -17,6 +17,9 @@ sets of extra defines (kernels/attention_bwd.cuh's KC_BWD_*):
 kernel once measured, issue 28; kernels/NOTES.md keeps what they showed. A new variant
 is a new define in the kernel while it is being measured.) TILES=BMxBNxWxS in a variant
 sets the forward's tiles (the spec's tuning) instead of a define, e.g. "t176:TILES=128x176x8x2".
+LAYOUT=bshd in a variant runs it on (batch, sequence, head, dim) tensors (the same values, as
+views with those strides: what a trainer's projections give), instead of (batch, head,
+sequence, dim), e.g. VARIANTS="bhsd:;bshd:LAYOUT=bshd".
 
 FLEX=0 skips flex (outputs are then compared with the first variant's; FLEX_MASK_COMPILE=0
 builds flex's drafter block mask eagerly, the same mask without its compile); BWD=0 times and
@@ -66,7 +69,7 @@ def spec_for(case, extra):
     tiles = dict(extra).get("TILES")
     return K.make_spec("bf16", D, D, mask=mask, backward=BWD, deterministic=False, arch=90,
                        sm90a=SM90A, drafter_block=16, tiles=tiles,
-                       extra_defines=tuple(e for e in extra if e[0] != "TILES"))
+                       extra_defines=tuple(e for e in extra if e[0] not in ("TILES", "LAYOUT")))
 
 
 specs = [spec_for(c, ex) for c in CASES for _, ex in VARIANTS]
@@ -149,14 +152,19 @@ def run_case(case):
         spec = spec_for(case, extra)
         cubin, log = K.compile_spec(spec)
         kern = K.Kernel(spec, cubin)
-        o = torch.empty(B, Hq, Lq, D, device="cuda", dtype=dt)
+        bshd = dict(extra).get("LAYOUT") == "bshd"
+        # bshd: the same values in (B, L, H, D) memory, seen as (B, H, L, D) views.
+        lay = (lambda t: t.detach().transpose(1, 2).contiguous().transpose(1, 2)) if bshd else \
+            (lambda t: t.detach())
+        vq, vk, vv, vdo = lay(q), lay(k), lay(v), lay(do)
+        o = lay(torch.empty(B, Hq, Lq, D, device="cuda", dtype=dt))
         lse = torch.empty(B, Hq, Lq, device="cuda", dtype=torch.float32)
-        p = K.make_params(q.detach(), k.detach(), v.detach(), o, lse)
+        p = K.make_params(vq, vk, vv, o, lse)
         if drafter:
             S, N, Bk, anc = drafter
             p.drafter_anchor = anc.data_ptr(); p.drafter_stride_b = anc.stride(0)
             p.drafter_context_len, p.drafter_num_blocks = S, N
-        dq = torch.full_like(q, float("nan")); dk = torch.full_like(k, float("nan")); dv = torch.full_like(v, float("nan"))
+        dq, dk, dv = (lay(torch.full_like(t, float("nan"))) for t in (q, k, v))
         fwd = lambda kern=kern, p=p: kern.launch(p)
         fwd(); torch.cuda.synchronize()
         if not FLEX and ref_o is None:
@@ -166,7 +174,7 @@ def run_case(case):
         r["err_o"] = round(rel_l2(o, ref_o), 5)
         timers.append((name + ".fwd", fwd))
         if BWD:
-            bl = kern.prepare_backward(p, do, dq, dk, dv)
+            bl = kern.prepare_backward(p, vdo, dq, dk, dv)
             bl.run(); torch.cuda.synchronize()
             if ref is not None:
                 r.update(err_dq=round(rel_l2(dq, ref[0]), 5), err_dk=round(rel_l2(dk, ref[1]), 5),
