@@ -1,9 +1,11 @@
 """A schedule model of the wgmma dK/dV kernel's launch order under GQA, on the CPU.
 
-  python3 bench/attention/bwd_launch_model.py [--sms 132] [--window 6]
+  python3 bench/attention/bwd_launch_model.py [--sms 132] [--window 6] [--batch 2]
+      [--kv-heads 8] [--group 4] [--mask drafter|causal|none] [--seq 4096]
 
-The drafter training shape of bench_attention.py (B2, 32 / 8 heads, 512 blocks of 16 after a
-context of 3 072, sorted uniform anchors): one CTA per (key tile, batch, key head), each
+By default the drafter training shape of bench_attention.py (B2, 32 / 8 heads, 512 blocks of
+16 after a context of 3 072, sorted uniform anchors); --mask causal or none models a
+self-attention of --seq tokens instead. One CTA per (key tile, batch, key head), each
 walking its items (query step, query head) as the kernel's item_of does (last query tile
 first, the group's heads inner), one time unit a step. CTAs start in launch order on the
 first free SM. A step reads its query rows (Q, dO, dQ) from DRAM unless some CTA touched the
@@ -12,46 +14,63 @@ steps of the whole GPU's traffic: 50 MB against 132 SMs x 64 KB). Printed per or
 makespan in steps (the load balance) and the share of steps that read from DRAM.
 
 Under the key-tile-major order this model gave ~5.4 GB from DRAM; ncu measured ~6 GB of
-DRAM traffic in the whole kernel (H100, session 28); the order in bands that the kernel
-now uses (launch_order_bands) measured 56 -> 37 % DRAM throughput.
+DRAM traffic in the whole kernel (H100, session 28); the kernel's order in bands
+(launch_order_bands, after a lead of 8 key-tile-major tiles) measured 56 -> 37 % DRAM
+throughput.
 """
 import argparse
 import heapq
 import random
 
-B, HKV, GROUP, NB, BLK, CTX = 2, 8, 4, 512, 16, 3072
-BM, BN = 64, 128
-NQT = NB * BLK // BM                 # query steps per head
-KT_CTX = CTX // BN                   # context key tiles
-NKT = KT_CTX + NB * BLK // BN        # key tiles
-PAIRS = B * HKV
+BLK, CTX, BM, BN = 16, 3072, 64, 128
 
 
-def make_items(anchors):
+class Shape:
+    def __init__(self, args):
+        self.b, self.hkv, self.group, self.mask = args.batch, args.kv_heads, args.group, args.mask
+        self.pairs = self.b * self.hkv
+        if self.mask == "drafter":
+            self.nb = 512
+            self.nqt = self.nb * BLK // BM                   # query steps per head
+            self.kt_ctx = CTX // BN                          # context key tiles
+            self.nkt = self.kt_ctx + self.nb * BLK // BN     # key tiles
+        else:
+            self.nqt, self.nkt = args.seq // BM, args.seq // BN
+
+
+def make_items(sh, rng):
     """items[(pair, tile)]: the CTA's (query tile, head) steps in walk order."""
+    anchors = [sorted(rng.randint(1, CTX) for _ in range(sh.nb)) for _ in range(sh.b)] \
+        if sh.mask == "drafter" else None
     out = {}
-    for pair in range(PAIRS):
-        b = pair // HKV  # launch_order: y = key head (inner), z = batch
-        for t in range(NKT):
-            if t < KT_CTX:  # a context tile: the query steps with a block anchored past it
-                qts = [qt for qt in range(NQT)
-                       if any(anchors[b][qt * (BM // BLK) + i] > BN * t for i in range(BM // BLK))]
-            else:           # an own tile: its own two query steps
-                o = t - KT_CTX
+    for pair in range(sh.pairs):
+        b = pair // sh.hkv  # launch_order: y = key head (inner), z = batch
+        for t in range(sh.nkt):
+            if sh.mask == "causal":  # query tiles at or past the key tile's first key
+                qts = list(range(t * BN // BM, sh.nqt))
+            elif sh.mask == "none":
+                qts = list(range(sh.nqt))
+            elif t < sh.kt_ctx:  # a context tile: the query steps with a block anchored past it
+                per = BM // BLK
+                qts = [qt for qt in range(sh.nqt)
+                       if any(anchors[b][qt * per + i] > BN * t for i in range(per))]
+            else:                # an own tile: its own two query steps
+                o = t - sh.kt_ctx
                 qts = [2 * o, 2 * o + 1]
-            out[pair, t] = [(qt, hh) for qt in sorted(qts, reverse=True) for hh in range(GROUP)]
+            out[pair, t] = [(qt, hh) for qt in sorted(qts, reverse=True) for hh in range(sh.group)]
     return out
 
 
-def tile_major():
-    return [(lin % PAIRS, lin // PAIRS) for lin in range(NKT * PAIRS)]
+def tile_major(sh):
+    return [(lin % sh.pairs, lin // sh.pairs) for lin in range(sh.nkt * sh.pairs)]
 
 
-def bands(lead, band):
-    """launch_order_bands: lead tiles tile-major, then bands pair-major."""
-    seq = [(pr, t) for t in range(min(lead, NKT)) for pr in range(PAIRS)]
-    for t0 in range(lead, NKT, band):
-        seq += [(pr, t) for pr in range(PAIRS) for t in range(t0, min(NKT, t0 + band))]
+def bands(sh, lead, band):
+    """launch_order_bands: `lead` tiles key-tile-major, then bands of `band` tiles in tile
+    order, pair-major within a band."""
+    seq = [(pr, t) for t in range(min(lead, sh.nkt)) for pr in range(sh.pairs)]
+    for t0 in range(lead, sh.nkt, band):
+        seq += [(pr, t) for pr in range(sh.pairs) for t in range(t0, min(sh.nkt, t0 + band))]
     return seq
 
 
@@ -77,16 +96,23 @@ def main():
     ap.add_argument("--sms", type=int, default=132)
     ap.add_argument("--window", type=float, default=6.0)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--batch", type=int, default=2)
+    ap.add_argument("--kv-heads", type=int, default=8)
+    ap.add_argument("--group", type=int, default=4, help="query heads per key head")
+    ap.add_argument("--mask", choices=("drafter", "causal", "none"), default="drafter")
+    ap.add_argument("--seq", type=int, default=4096, help="sequence length (causal, none)")
     args = ap.parse_args()
-    rng = random.Random(args.seed)
-    anchors = [sorted(rng.randint(1, CTX) for _ in range(NB)) for _ in range(B)]
-    items = make_items(anchors)
-    orders = [("key-tile-major", tile_major())]
-    orders += [("lead %d, bands of %d" % (lead, band), bands(lead, band))
-               for lead, band in ((8, 2), (8, 4), (8, 8), (8, 16), (4, 4))]
+    sh = Shape(args)
+    items = make_items(sh, random.Random(args.seed))
+    orders = [("key-tile-major", tile_major(sh))]
+    # The kernel's: bands of 4 after a lead of 8 key-tile-major tiles. Without the lead
+    # (KC_BWD_LEAD=0) the same CTAs start together at 16 pairs, and more of them share rows
+    # with more pairs (not yet measured).
+    orders.append(("lead 8, bands of 4 (kernel)", bands(sh, 8, 4)))
+    orders += [("bands of %d" % band, bands(sh, 0, band)) for band in (2, 4, 8, 16)]
     for name, seq in orders:
         end, steps, dram = simulate(seq, items, args.sms, args.window)
-        print("%-22s makespan %5.0f steps   steps reading DRAM %5.1f %%   (~%.1f GB)"
+        print("%-28s makespan %5.0f steps   steps reading DRAM %5.1f %%   (~%.1f GB)"
               % (name, end, 100.0 * dram / steps, dram * 3 * BM * 128 * 4 / 1e9))
 
 

@@ -61,6 +61,9 @@ SM90A = os.environ.get("SM90A", "0") == "1"
 # ROUNDS: interleaved timing rounds per case (each runner REPS launches per round; medians of
 # the round medians are reported).
 ROUNDS = int(os.environ.get("ROUNDS", "3"))
+# DRAFTER_BATCH: the drafter cases' batch (bench_attention's 2 by default; more (batch, key
+# head) pairs change the dK/dV's launch order's sharing, bwd_launch_model.py --batch).
+DRAFTER_BATCH = int(os.environ.get("DRAFTER_BATCH", "2"))
 
 
 def spec_for(case, extra):
@@ -102,7 +105,7 @@ def run_case(case):
     elif case == "none": B, Hq, Hkv, Lq, Lkv, D, mask = 4, 32, 32, 4096, 4096, 128, "none"
     elif case == "d64": B, Hq, Hkv, Lq, Lkv, D, mask = 8, 32, 32, 2048, 2048, 64, "causal"
     else:
-        B, S, N, Bk = 2, 3072, 512, 16
+        B, S, N, Bk = DRAFTER_BATCH, 3072, 512, 16
         g = torch.Generator(device="cuda").manual_seed(1234)
         anc = torch.randint(1, S + 1, (B, N), device="cuda", dtype=torch.int32, generator=g)
         if case == "drafter_sorted": anc = torch.sort(anc, dim=1).values.contiguous()
