@@ -2,11 +2,11 @@
 benchmark is bench_attention.py --backward).
 
 Per case (causal, none, d64, drafter_random, drafter_sorted: the shapes of
-bench_attention.py), flex_attention's forward + backward runs once (time; its gradients
-are the reference), then each variant of the portable sm_90 build: its forward and whole
-backward sequence timed (median of CUDA events), each backward kernel timed alone, the
-dK/dV kernel's registers and spills, and its gradients' rel L2 against flex's (NaN-poisoned
-outputs first). Flex, cuDNN and the variants are timed in ROUNDS interleaved rounds (default
+bench_attention.py; causal_gqa: B2, 32 / 8 heads, S4096, D128), flex_attention's forward
++ backward runs once (time; its gradients are the reference), then each variant of the
+portable sm_90 build: its forward and whole backward sequence timed (median of CUDA
+events), each backward kernel timed alone, the dK/dV kernel's registers and spills, and its
+gradients' rel L2 against flex's (NaN-poisoned outputs first). Flex, cuDNN and the variants are timed in ROUNDS interleaved rounds (default
 3): on an H200 the same kernel ran up to 12 % slower late in a run than early in it (the
 card's clocks under its power limit), which had favoured whatever ran first. Variants are
 sets of extra defines (kernels/attention_bwd.cuh's KC_BWD_*):
@@ -67,7 +67,8 @@ DRAFTER_BATCH = int(os.environ.get("DRAFTER_BATCH", "2"))
 
 
 def spec_for(case, extra):
-    mask = {"causal": "causal", "none": "none", "d64": "causal"}.get(case, "drafter")
+    mask = {"causal": "causal", "causal_gqa": "causal", "none": "none",
+            "d64": "causal"}.get(case, "drafter")
     D = 64 if case == "d64" else 128
     tiles = dict(extra).get("TILES")
     return K.make_spec("bf16", D, D, mask=mask, backward=BWD, deterministic=False, arch=90,
@@ -103,6 +104,8 @@ def run_case(case):
     drafter = None
     if case == "causal": B, Hq, Hkv, Lq, Lkv, D, mask = 4, 32, 32, 4096, 4096, 128, "causal"
     elif case == "none": B, Hq, Hkv, Lq, Lkv, D, mask = 4, 32, 32, 4096, 4096, 128, "none"
+    # causal_gqa: causal with 4 query heads per key head (the wgmma dK/dV's GQA launch order).
+    elif case == "causal_gqa": B, Hq, Hkv, Lq, Lkv, D, mask = 2, 32, 8, 4096, 4096, 128, "causal"
     elif case == "d64": B, Hq, Hkv, Lq, Lkv, D, mask = 8, 32, 32, 2048, 2048, 64, "causal"
     else:
         B, S, N, Bk = DRAFTER_BATCH, 3072, 512, 16
@@ -143,7 +146,7 @@ def run_case(case):
         ref_o = fb().detach().clone(); torch.cuda.synchronize()
         ref = (q.grad.clone(), k.grad.clone(), v.grad.clone()) if BWD else None
         timers.append(("flex", fb))
-    if SDPA and mask in ("causal", "none"):
+    if SDPA and mask in ("causal", "none") and Hq == Hkv:
         from torch.nn.attention import sdpa_kernel, SDPBackend
         def sd():
             with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
