@@ -532,11 +532,12 @@ constexpr int kHeadChunk = 4;
 // read its rows from DRAM again. Measured (H100, session 28): sorted drafter
 // dK/dV 3.25 -> 2.76 ms (DRAM throughput 56 -> 37 %, 10.5 -> 8.5 cycles per
 // issued instruction, causal's), random 3.70 -> 3.31; bands of 8 gave 2.71 and
-// 3.36, a lead of 4 2.83 and 3.32. A schedule model (kernels/NOTES.md) put
-// the tail cost of bands of 4 at < 1 %. KC_BWD_LEAD (a measurement switch):
-// the lead; 0 launches the same CTAs together at 16 pairs, and the model
-// (--batch 4 / 8) has more of them share with more pairs: 35 / 36 % of the
-// steps reading DRAM against 50 / 64 % with a lead of 8. Not yet measured.
+// 3.36, a lead of 4 2.83 and 3.32. A schedule model
+// (bench/attention/bwd_launch_model.py) put the tail cost of bands of 4 at
+// < 1 %. KC_BWD_LEAD (a measurement switch): the lead; 0 launches the same
+// CTAs together at 16 pairs, and the model (--batch 4 / 8) has more of them
+// share with more pairs: 35 / 36 % of the steps reading DRAM against 50 / 64 %
+// with a lead of 8. Not yet measured.
 #ifndef KC_BWD_LEAD
 #define KC_BWD_LEAD 8
 #endif

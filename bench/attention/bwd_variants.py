@@ -6,9 +6,10 @@ bench_attention.py; causal_gqa: B2, 32 / 8 heads, S4096, D128), flex_attention's
 + backward runs once (time; its gradients are the reference), then each variant of the
 portable sm_90 build: its forward and whole backward sequence timed (median of CUDA
 events), each backward kernel timed alone, the dK/dV kernel's registers and spills, and its
-gradients' rel L2 against flex's (NaN-poisoned outputs first). Flex, cuDNN and the variants are timed in ROUNDS interleaved rounds (default
-3): on an H200 the same kernel ran up to 12 % slower late in a run than early in it (the
-card's clocks under its power limit), which had favoured whatever ran first. Variants are
+gradients' rel L2 against flex's (NaN-poisoned outputs first). Flex, cuDNN and the variants
+are timed in ROUNDS interleaved rounds (default 3): on an H200 the same kernel ran up to
+12 % slower late in a run than early in it (the card's clocks under its power limit), which
+had favoured whatever ran first. Variants are
 sets of extra defines (kernels/attention_bwd.cuh's KC_BWD_*):
 
   SM90A=1 VARIANTS="wg:;fa2:KC_BWD_WGMMA=0" python3 bench/attention/bwd_variants.py none causal
