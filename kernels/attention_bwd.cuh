@@ -523,26 +523,38 @@ constexpr bool kDqLag = kDsBufs == 2 && !kFa2 && !kWg;
 // (batch, head) pairs per chunk of the launch order (launch_order).
 constexpr int kHeadChunk = 4;
 // The wgmma dK/dV's launch order under GQA (launch_order_bands): the first
-// kBwdLeadTiles key tiles of every (batch, key head) pair key-tile-major, so
-// that the heavy tiles (the first: causal, the drafter's context) start at
-// once, then the rest in bands of kBwdBandTiles tiles, pair-major within a
-// band. The SMs that free up together then take CTAs of one pair, which walk
-// its query steps in the same order (item_of) and share its Q, dO and dQ rows
-// in L2; in key-tile-major order they took one CTA of each pair, and each
-// read its rows from DRAM again. Measured (H100, session 28): sorted drafter
-// dK/dV 3.25 -> 2.76 ms (DRAM throughput 56 -> 37 %, 10.5 -> 8.5 cycles per
-// issued instruction, causal's), random 3.70 -> 3.31; bands of 8 gave 2.71 and
-// 3.36, a lead of 4 2.83 and 3.32. A schedule model
-// (bench/attention/bwd_launch_model.py) put the tail cost of bands of 4 at
-// < 1 %. KC_BWD_LEAD (a measurement switch): the lead; 0 launches the same
-// CTAs together at 16 pairs, and the model (--batch 4 / 8) has more of them
-// share with more pairs: 35 / 36 % of the steps reading DRAM against 50 / 64 %
-// with a lead of 8. Not yet measured.
+// `lead` key tiles of every (batch, key head) pair key-tile-major, so that the
+// heavy tiles (the first: causal, the drafter's context) start at once, then
+// the rest in bands of `band` tiles, pair-major within a band. The SMs that
+// free up together then take CTAs of one pair, which walk its query steps in
+// the same order (item_of) and share its Q, dO and dQ rows in L2; in
+// key-tile-major order they took one CTA of each pair, and each read its rows
+// from DRAM again (bench/attention/bwd_launch_model.py models this).
+// Measured on an H100, dK/dV ms (sessions 28-29; sorted / random drafter):
+// - B2 (16 pairs): key-tile-major 3.25 / 3.70; lead 8, bands of 4 2.66-2.76 /
+//   3.25-3.42, which beat no lead (2.77-2.79 / 3.25-3.41; causal GQA 1.51-1.55
+//   against 1.58-1.60) in two runs, though both launch the same CTAs first;
+//   bands of 8 or 16 were slower on the random drafter and causal GQA.
+// - B4 / B8: a lead of 8 tiles spans more than one wave; no lead was faster
+//   (B4 6.10 -> 5.66 / 7.11 -> 6.93), and wider bands more so: B4 bands of 8
+//   5.45 / 6.46, B8 bands of 16 11.06 / 13.23 against 13.41 / 15.19.
+// So the lead is kept while it fits one wave, and bands widen with the pairs,
+// so that a band's CTAs still fill about a wave's worth of SMs per few pairs.
+// KC_BWD_LEAD and KC_BWD_BAND (measurement switches) fix either.
 #ifndef KC_BWD_LEAD
-#define KC_BWD_LEAD 8
+#define KC_BWD_LEAD -1
 #endif
-constexpr int kBwdLeadTiles = KC_BWD_LEAD;
-constexpr int kBwdBandTiles = 4;
+#ifndef KC_BWD_BAND
+#define KC_BWD_BAND -1
+#endif
+constexpr int kBwdLeadTiles = 8;
+// One wave: the SMs of an H100 or H200 SXM, one dK/dV CTA each.
+constexpr int kBwdWaveCtas = 132;
+__device__ __forceinline__ void bands_for(int pairs, int& lead, int& band) {
+  lead =
+      KC_BWD_LEAD >= 0 ? KC_BWD_LEAD : (pairs * kBwdLeadTiles <= kBwdWaveCtas ? kBwdLeadTiles : 0);
+  band = KC_BWD_BAND > 0 ? KC_BWD_BAND : imin(16, imax(4, pairs / 4));
+}
 __device__ __forceinline__ void launch_order_bands(int& tile, int& y, int& z, int lead, int band) {
   const int nt = gridDim.x, ny = gridDim.y, nyz = gridDim.y * gridDim.z;
   int lin = blockIdx.x + nt * (blockIdx.y + ny * blockIdx.z);
@@ -989,7 +1001,9 @@ extern "C" __global__ void __launch_bounds__(kcache::AttentionBwdDkdvThreads(KC_
   // GQA, the wgmma build's bands (launch_order_bands).
   int ktile, hkv, b;
   if (kWg && p.num_q_heads != p.num_kv_heads) {
-    launch_order_bands(ktile, hkv, b, kBwdLeadTiles, kBwdBandTiles);
+    int lead, band;
+    bands_for(gridDim.y * gridDim.z, lead, band);
+    launch_order_bands(ktile, hkv, b, lead, band);
   } else {
     launch_order(ktile, hkv, b, p.num_q_heads != p.num_kv_heads ? 0x7fffffff : kHeadChunk);
   }
@@ -1068,11 +1082,13 @@ extern "C" __global__ void __launch_bounds__(kcache::AttentionBwdDkdvThreads(KC_
     }
   }
 #endif
-  // Query index of row r of query step qt.
+  // Query index of the first row of block j of query step qt (permuted), and
+  // of row r of query step qt.
+  auto q_run = [&](int qt, int j) -> int {
+    return static_cast<int>(order[qt * kBwdBlocksPerStep + j]) * kBwdBlk;
+  };
   auto q_row = [&](int qt, int r) -> int {
-    if (kBwdDrafterSort && permute) {
-      return static_cast<int>(order[qt * kBwdBlocksPerStep + r / kBwdBlk]) * kBwdBlk + r % kBwdBlk;
-    }
+    if (kBwdDrafterSort && permute) return q_run(qt, r / kBwdBlk) + r % kBwdBlk;
     return qt * kBM + r;
   };
 
@@ -1203,12 +1219,11 @@ extern "C" __global__ void __launch_bounds__(kcache::AttentionBwdDkdvThreads(KC_
     const StepSrc src = step_src(it);
     const int qt = src.qt;
     if (kBwdDrafterSort && permute) {  // whole blocks, every row below q_len
-      // Rolled: a few instructions a step, against ~400 of PTX unrolled.
-      auto row_of = [&](int r) { return q_row(qt, r); };
-      attn_fwd::load_tile_rows<kBM, kDQK, kThreads, kWg, true>(sQ + st * (kQB + kOB), src.qg,
-                                                               p.q_stride_s, row_of, tid);
-      attn_fwd::load_tile_rows<kBM, kDV, kThreads, kWg, true>(sQ + st * (kQB + kOB) + kQB, src.og,
-                                                              p.do_stride_s, row_of, tid);
+      auto run_row = [&](int j) { return q_run(qt, j); };
+      attn_fwd::load_tile_runs<kBM, kDQK, kBwdBlk, kThreads, kWg>(sQ + st * (kQB + kOB), src.qg,
+                                                                  p.q_stride_s, run_row, tid);
+      attn_fwd::load_tile_runs<kBM, kDV, kBwdBlk, kThreads, kWg>(
+          sQ + st * (kQB + kOB) + kQB, src.og, p.do_stride_s, run_row, tid);
     } else {
       load_rows<kBM, kDQK, kWg>(sQ + st * (kQB + kOB), src.qg, p.q_stride_s, src.m0, q_len, tid);
       load_rows<kBM, kDV, kWg>(sQ + st * (kQB + kOB) + kQB, src.og, p.do_stride_s, src.m0, q_len,
@@ -1511,11 +1526,11 @@ extern "C" __global__ void __launch_bounds__(kcache::AttentionBwdDkdvThreads(KC_
       const unsigned qd = sQ + st * (kQB + kOB), od = qd + kQB;
       // The copies of prefetch (above) by this warpgroup's threads.
       if (kBwdDrafterSort && permute) {
-        auto row_of = [&](int r) { return q_row(qt, r); };
-        attn_fwd::load_tile_rows<kBM, kDQK, kProdThreads, kWg, true>(qd, src.qg, p.q_stride_s,
-                                                                     row_of, ptid);
-        attn_fwd::load_tile_rows<kBM, kDV, kProdThreads, kWg, true>(od, src.og, p.do_stride_s,
-                                                                    row_of, ptid);
+        auto run_row = [&](int j) { return q_run(qt, j); };
+        attn_fwd::load_tile_runs<kBM, kDQK, kBwdBlk, kProdThreads, kWg>(qd, src.qg, p.q_stride_s,
+                                                                        run_row, ptid);
+        attn_fwd::load_tile_runs<kBM, kDV, kBwdBlk, kProdThreads, kWg>(od, src.og, p.do_stride_s,
+                                                                       run_row, ptid);
       } else {
         attn_fwd::load_tile<kBM, kDQK, kProdThreads, kWg>(qd, src.qg, p.q_stride_s, src.m0, q_len,
                                                           ptid);

@@ -16,7 +16,7 @@ makespan in steps (the load balance) and the share of steps that read from DRAM.
 Under the key-tile-major order this model gave ~5.4 GB from DRAM; ncu measured ~6 GB of
 DRAM traffic in the whole kernel (H100, session 28); the kernel's order in bands
 (launch_order_bands, after a lead of 8 key-tile-major tiles) measured 56 -> 37 % DRAM
-throughput.
+throughput. The "(kernel)" line is the order bands_for picks for the shape's pair count.
 """
 import argparse
 import heapq
@@ -108,10 +108,11 @@ def main():
     sh = Shape(args)
     items = make_items(sh, random.Random(args.seed))
     orders = [("key-tile-major", tile_major(sh))]
-    # The kernel's: bands of 4 after a lead of 8 key-tile-major tiles. Without the lead
-    # (KC_BWD_LEAD=0) the same CTAs start together at 16 pairs, and more of them share rows
-    # with more pairs (not yet measured).
-    orders.append(("lead 8, bands of 4 (kernel)", bands(sh, 8, 4)))
+    # The kernel's (bands_for in kernels/attention_bwd.cuh): a lead of 8 key-tile-major tiles
+    # while it fits one wave, then bands of pairs / 4 tiles, within [4, 16].
+    lead = 8 if 8 * sh.pairs <= 132 else 0
+    band = min(16, max(4, sh.pairs // 4))
+    orders.append(("lead %d, bands of %d (kernel)" % (lead, band), bands(sh, lead, band)))
     orders += [("bands of %d" % band, bands(sh, 0, band)) for band in (2, 4, 8, 16)]
     for name, seq in orders:
         end, steps, dram = simulate(seq, items, args.sms, args.window)
