@@ -88,8 +88,9 @@ def variants():
                 add("%s_d%d_%d_%s" % (dtype, dqk, dv, mname), dtype, dqk, dv, **m[mname])
     # sm_90a builds (the forward runs wgmma there; the cubin the client gets on an H200).
     for dtype, d, mname, det in (("bf16", 128, "causal", False), ("fp16", 128, "doc", False),
-                                 ("bf16", 64, "drafter16", False), ("bf16", 128, "none", True),
-                                 ("fp16", 64, "expr_prefix", True),
+                                 ("bf16", 64, "drafter16", False),
+                                 ("fp16", 128, "drafter16", False),  # the producer's runs
+                                 ("bf16", 128, "none", True), ("fp16", 64, "expr_prefix", True),
                                  ("bf16", 128, "win100_20_br", False)):
         add("%s_d%d_%s%s_sm90a" % (dtype, d, mname, "_det" if det else ""), dtype, d,
             sm90a=True, deterministic=det, **m[mname])
