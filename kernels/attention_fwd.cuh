@@ -589,16 +589,19 @@ __device__ __forceinline__ void load_tile_rows(unsigned sdst, const elem_t* g, l
 }
 
 // The same for a tile gathered in runs of RUN consecutive rows: tile rows
-// [j RUN, (j + 1) RUN) come from source rows run_row(j) + [0, RUN), all in
-// bounds (the backward's query steps of whole drafter blocks). Each thread
-// copies one 16-byte column chunk of rows r0, r0 + P, ... as load_tile's fast
-// path does, so a run costs one run_row and a chunk an add and the copy;
-// load_tile_rows spent ~50 instructions a chunk on its row arithmetic. Random
-// drafter dK/dV on an H100: 1.18 -> 0.90 G instructions (the sorted case's
-// 0.88), 3.60 -> 2.94 ms at B2, -10 to -12 % at B4 and B8.
-template <int ROWS, int D, int RUN, int THREADS, bool WGMMA, typename RunRow>
+// [j RUN, (j + 1) RUN) come from source rows run_row(j) + [0, RUN) (the
+// drafter's blocks: the backward's query steps, the forward's permuted query
+// tile and its gathered own keys). BOUNDED: a negative run_row zero-fills its
+// run, and so does each source row at or past `limit`; otherwise every row is
+// in bounds. Each thread copies one 16-byte column chunk of rows r0, r0 + P,
+// ... as load_tile's fast path does, so a run costs one run_row and a chunk
+// an add and the copy; load_tile_rows spent ~50 instructions a chunk on its
+// row arithmetic. Random drafter on an H100: dK/dV 1.18 -> 0.90 G
+// instructions (the sorted case's 0.88), 3.60 -> 2.94 ms at B2, -10 to -12 %
+// at B4 and B8; forward 1.148 -> 1.094 ms.
+template <int ROWS, int D, int RUN, int THREADS, bool WGMMA, bool BOUNDED = false, typename RunRow>
 __device__ __forceinline__ void load_tile_runs(unsigned sdst, const elem_t* g, long long stride,
-                                               RunRow run_row, int tid) {
+                                               RunRow run_row, int tid, int limit = 0) {
   constexpr int kChunks = D / 8;
   constexpr int kPass = THREADS / kChunks;  // rows per pass
   constexpr bool kFastPath =
@@ -610,15 +613,26 @@ __device__ __forceinline__ void load_tile_runs(unsigned sdst, const elem_t* g, l
         WGMMA ? sdst + (c >> 3) * (ROWS * 128) + r0 * 128 + (((c & 7) ^ (r0 & 7)) << 4)
               : sdst + r0 * (D * 2) + ((c ^ (r0 & 7)) << 4);
     const long long step = (long long)kPass * stride;
-#pragma unroll
+    // BOUNDED (the forward's, in its producer): rolled over the runs, which
+    // unrolled spilled there (D128 t128_128: 4 / 16 bytes).
+#pragma unroll(BOUNDED ? 1 : ROWS / RUN)
     for (int j = 0; j < ROWS / RUN; ++j) {
-      const elem_t* src = g + (long long)(run_row(j) + r0) * stride + c * 8;
+      const int base = run_row(j);
+      const bool run_ok = !BOUNDED || base >= 0;
+      const elem_t* src = g + (long long)((run_ok ? base : 0) + r0) * stride + c * 8;
 #pragma unroll
       for (int i = 0; i < RUN / kPass; ++i) {
-        cp_async16(d0 + (j * RUN + i * kPass) * (WGMMA ? 128 : D * 2), src, true);
+        const bool ok = !BOUNDED || (run_ok && base + r0 + i * kPass < limit);
+        cp_async16(d0 + (j * RUN + i * kPass) * (WGMMA ? 128 : D * 2), ok ? src : g, ok);
         src += step;
       }
     }
+  } else if constexpr (BOUNDED) {
+    auto row_of = [&](int r) {
+      const int base = run_row(r / RUN);
+      return base >= 0 && base + r % RUN < limit ? base + r % RUN : -1;
+    };
+    load_tile_rows<ROWS, D, THREADS, WGMMA, true>(sdst, g, stride, row_of, tid);
   } else {
     auto row_of = [&](int r) { return run_row(r / RUN) + r % RUN; };
     load_tile_rows<ROWS, D, THREADS, WGMMA, true>(sdst, g, stride, row_of, tid);
@@ -876,8 +890,15 @@ extern "C" __global__ void __launch_bounds__(kcache::attn_fwd::kFwdThreadsAll)
   };
   if (producer) {
     // Q is the compute threads' copy.
-  } else if (permute) {  // rolled: once per CTA (unrolled, ~400 PTX lines of NVRTC time)
-    load_tile_rows<kBM, kDQK, kThreads, kWgmma, true>(sQ, qg, p.q_stride_s, src_row, tid);
+  } else if (permute) {
+    if constexpr (kDrafterSort) {  // whole blocks; ranks past the blocks zero-filled
+      auto q_run = [&](int j) -> int {
+        const int rank = mtile * (kBM / KC_DRAFTER_BLOCK) + j;
+        return rank < p.drafter_num_blocks ? static_cast<int>(sorder[rank]) * KC_DRAFTER_BLOCK : -1;
+      };
+      load_tile_runs<kBM, kDQK, KC_DRAFTER_BLOCK, kThreads, kWgmma, true>(sQ, qg, p.q_stride_s,
+                                                                          q_run, tid, q_len);
+    }
   } else {
     load_tile<kBM, kDQK>(sQ, qg, p.q_stride_s, m0, q_len, tid);
   }
@@ -1071,15 +1092,18 @@ extern "C" __global__ void __launch_bounds__(kcache::attn_fwd::kFwdThreadsAll)
   auto load_kv = [&](int t, unsigned dk, unsigned dv, int ltid, int parts) {
 #if KC_MASK == KC_MASK_DRAFTER
     if (kOwnGather && t == kOwnTile) {  // row c: the own key of tile row c's block
-      auto own_row = [&](int c) -> int {
-        const int kv = rowdata[c].z + c % KC_DRAFTER_BLOCK;
-        return c <= mlast - m0 && kv < kv_len ? kv : -1;
+      // Block j's own keys: rowdata[].z of its rows (whole blocks: q_len is
+      // a multiple of the block when permuted).
+      auto own_run = [&](int j) -> int {
+        return j * KC_DRAFTER_BLOCK <= mlast - m0 ? rowdata[j * KC_DRAFTER_BLOCK].z : -1;
       };
       if (parts & 1) {
-        load_tile_rows<kBN, kDQK, kLoadThreads, kWgmma, true>(dk, kg, p.k_stride_s, own_row, ltid);
+        load_tile_runs<kBN, kDQK, KC_DRAFTER_BLOCK, kLoadThreads, kWgmma, true>(
+            dk, kg, p.k_stride_s, own_run, ltid, kv_len);
       }
       if (parts & 2) {
-        load_tile_rows<kBN, kDV, kLoadThreads, kWgmma, true>(dv, vg, p.v_stride_s, own_row, ltid);
+        load_tile_runs<kBN, kDV, KC_DRAFTER_BLOCK, kLoadThreads, kWgmma, true>(
+            dv, vg, p.v_stride_s, own_run, ltid, kv_len);
       }
       return;
     }
