@@ -533,13 +533,14 @@ constexpr int kHeadChunk = 4;
 // Measured on an H100, dK/dV ms (sessions 28-29; sorted / random drafter):
 // - B2 (16 pairs): key-tile-major 3.25 / 3.70; lead 8, bands of 4 2.66-2.76 /
 //   3.25-3.42, which beat no lead (2.77-2.79 / 3.25-3.41; causal GQA 1.51-1.55
-//   against 1.58-1.60) in two runs, though both launch the same CTAs first;
+//   against 1.58-1.60) in three runs, though both launch the same CTAs first;
 //   bands of 8 or 16 were slower on the random drafter and causal GQA.
 // - B4 / B8: a lead of 8 tiles spans more than one wave; no lead was faster
 //   (B4 6.10 -> 5.66 / 7.11 -> 6.93), and wider bands more so: B4 bands of 8
 //   5.45 / 6.46, B8 bands of 16 11.06 / 13.23 against 13.41 / 15.19.
 // So the lead is kept while it fits one wave, and bands widen with the pairs,
-// so that a band's CTAs still fill about a wave's worth of SMs per few pairs.
+// so that each pair running holds 8-16 CTAs that walk together (B4: ~16 pairs
+// of 8 in a wave, B8: ~8 of 16).
 // KC_BWD_LEAD and KC_BWD_BAND (measurement switches) fix either.
 #ifndef KC_BWD_LEAD
 #define KC_BWD_LEAD -1
