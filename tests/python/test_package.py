@@ -319,6 +319,27 @@ def test_exit_right_after_import_waits_for_the_background_imports(tmp_path):
     assert marker.exists(), "the process exited while kcache's background import ran"
 
 
+def test_background_imports_start_after_importlib_is_whole(tmp_path):
+    # A thread importing a submodule of importlib while the main thread is still inside
+    # importlib's __init__ leaves a second, uninitialised importlib._bootstrap in
+    # sys.modules (CPython 3.11), and the main thread's next importlib.import_module fails
+    # with "NameError: name 'sys' is not defined": ~1 % of the fresh interpreters above, in
+    # CI. A stand-in grpc, imported first on the thread, records what it found.
+    seen = tmp_path / "seen"
+    fake = tmp_path / "grpc"
+    fake.mkdir()
+    (fake / "__init__.py").write_text(
+        "import sys\n"
+        "ok = ('importlib' in sys.modules and 'importlib.util' in sys.modules\n"
+        "      and sys.modules.get('importlib._bootstrap') is sys.modules['_frozen_importlib'])\n"
+        "open(%r, 'w').write(str(ok))\n" % str(seen))
+    p = subprocess.run([sys.executable, "-c", "import kcache"], capture_output=True,
+                       text=True, env=_clean_env(PYTHONPATH=os.pathsep.join(
+                           [str(tmp_path), PKG_SRC])), timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert seen.read_text() == "True", "the thread started before importlib was whole"
+
+
 def test_import_without_grpc_still_works_and_the_call_names_what_is_missing(tmp_path):
     # A machine without grpcio imports kcache (specs need no wire); the warm-up thread's
     # failure is silent and the first client says what to install.

@@ -15,6 +15,7 @@ while the thread is still importing waits for it at exit (atexit): a daemon thre
 a C extension's import (grpc, protobuf) when the interpreter finalizes can crash it — the
 likeliest cause of the rare SIGSEGV of `python -c "import kcache._version"` in
 tests/python/test_package.py (seen twice in fresh-clone runs, not reproduced on demand).
+importlib itself is imported whole before the thread starts (start() says why).
 """
 
 import atexit
@@ -41,6 +42,13 @@ def start() -> None:
     global _thread
     if os.environ.get("KCACHE_WARM_IMPORTS", "1") == "0":
         return
+    # importlib must be whole before a second thread imports: CPython 3.11 lets a thread
+    # import a submodule of importlib while the main thread is still inside importlib's
+    # __init__, which puts a second, uninitialised importlib._bootstrap in sys.modules; the
+    # main thread's importlib.import_module then fails with "NameError: name 'sys' is not
+    # defined" (protobuf's api_implementation; ~1 % of fresh `import kcache.v1.record_pb2`).
+    import importlib.machinery  # noqa: F401
+    import importlib.util  # noqa: F401
     _thread = threading.Thread(target=_load, name="kcache-warm-imports", daemon=True)
     _thread.start()
     atexit.register(wait, _EXIT_WAIT_S)
