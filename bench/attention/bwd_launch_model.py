@@ -68,6 +68,13 @@ def tile_major(sh):
     return [(lin % sh.pairs, lin // sh.pairs) for lin in range(sh.nkt * sh.pairs)]
 
 
+def kernel_bands(pairs):
+    """bands_for in kernels/attention_bwd.cuh: a lead of 8 key-tile-major tiles while it fits
+    one wave (132 CTAs), then bands of pairs / 4 tiles, within [4, 16]. CI's
+    launch_order_host_test checks this copy against the kernel's."""
+    return (8 if 8 * pairs <= 132 else 0), min(16, max(4, pairs // 4))
+
+
 def bands(sh, lead, band):
     """launch_order_bands: `lead` tiles key-tile-major, then bands of `band` tiles in tile
     order, pair-major within a band."""
@@ -108,10 +115,7 @@ def main():
     sh = Shape(args)
     items = make_items(sh, random.Random(args.seed))
     orders = [("key-tile-major", tile_major(sh))]
-    # The kernel's (bands_for in kernels/attention_bwd.cuh): a lead of 8 key-tile-major tiles
-    # while it fits one wave, then bands of pairs / 4 tiles, within [4, 16].
-    lead = 8 if 8 * sh.pairs <= 132 else 0
-    band = min(16, max(4, sh.pairs // 4))
+    lead, band = kernel_bands(sh.pairs)
     orders.append(("lead %d, bands of %d (kernel)" % (lead, band), bands(sh, lead, band)))
     orders += [("bands of %d" % band, bands(sh, 0, band)) for band in (2, 4, 8, 16)]
     for name, seq in orders:

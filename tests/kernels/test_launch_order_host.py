@@ -10,6 +10,8 @@ __device__ and __forceinline__ defined away, gridDim and blockIdx as globals) wi
 that walks every block index of many grids, under bands_for's choice and under fixed leads and
 bands, and checks that each (tile, y, z) comes exactly once, that a lead's tiles come first,
 and bands_for's choices at the pair counts measured in kernels/NOTES.md (sessions 28-29).
+bench/attention/bwd_launch_model.py's Python copies of bands_for and launch_order_bands are
+checked against the compiled ones too.
 
   python3 tests/kernels/test_launch_order_host.py [--cxx c++]
 """
@@ -68,7 +70,34 @@ static int check_grid(int nt, int ny, int nz, int lead, Order order, const char*
   return bad;
 }
 
-int main() {
+// `dump`: bands_for's choice for 1-300 pairs and launch_order_bands' sequence of some grids,
+// for the Python copy of both in bench/attention/bwd_launch_model.py to be checked against.
+static void dump() {
+  for (int pairs = 1; pairs <= 300; ++pairs) {
+    int lead = 0, band = 0;
+    bands_for(pairs, lead, band);
+    printf("B %d %d %d\n", pairs, lead, band);
+  }
+  struct G { int nt, ny, nz, lead, band; };
+  for (const G& g : {G{88, 8, 2, 8, 4}, G{88, 8, 4, 0, 8}, G{88, 8, 8, 0, 16}, G{32, 8, 1, 8, 4},
+                     G{7, 3, 2, 8, 4}, G{33, 5, 3, 3, 5}}) {
+    gridDim = {g.nt, g.ny, g.nz};
+    printf("S %d %d %d %d %d", g.nt, g.ny, g.nz, g.lead, g.band);
+    for (int lin = 0; lin < g.nt * g.ny * g.nz; ++lin) {
+      blockIdx = {lin % g.nt, lin / g.nt % g.ny, lin / (g.nt * g.ny)};
+      int t = 0, y = 0, z = 0;
+      launch_order_bands(t, y, z, g.lead, g.band);
+      printf(" %d,%d", t, y + g.ny * z);
+    }
+    printf("\n");
+  }
+}
+
+int main(int argc, char** argv) {
+  if (argc > 1) {
+    dump();
+    return 0;
+  }
   int bad = 0;
   long long grids = 0;
   // bands_for's choices where they were measured (H100, kernels/NOTES.md).
@@ -130,6 +159,29 @@ def host_source():
             + bands + DRIVER)
 
 
+def model_mismatches(dump):
+    """Where bench/attention/bwd_launch_model.py's copies of bands_for and launch_order_bands
+    (kernel_bands, bands) differ from the kernel's, from the driver's `dump` lines."""
+    sys.path.insert(0, os.path.join(REPO, "bench", "attention"))
+    import bwd_launch_model as model
+    out = []
+    for line in dump.splitlines():
+        f = line.split()
+        if f[0] == "B":
+            pairs, lead, band = map(int, f[1:])
+            if model.kernel_bands(pairs) != (lead, band):
+                out.append("bands_for(%d) = (%d, %d), the model's kernel_bands %r"
+                           % (pairs, lead, band, model.kernel_bands(pairs)))
+        else:
+            nt, ny, nz, lead, band = map(int, f[1:6])
+            kernel = [tuple(int(v) for v in cta.split(",")) for cta in f[6:]]
+            sh = argparse.Namespace(pairs=ny * nz, nkt=nt)
+            if [(t, pr) for pr, t in model.bands(sh, lead, band)] != kernel:
+                out.append("launch_order_bands on %d x %d x %d, lead %d, band %d: the model's "
+                           "bands() gives another sequence" % (nt, ny, nz, lead, band))
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--cxx", default=os.environ.get("CXX", "c++"))
@@ -139,10 +191,18 @@ def main():
         open(cpp, "w").write(host_source())
         subprocess.run([a.cxx, "-std=c++20", "-O2", cpp, "-o", exe], check=True)
         r = subprocess.run([exe], capture_output=True, text=True)
+        dump = subprocess.run([exe, "dump"], capture_output=True, text=True, check=True).stdout
     print(r.stdout.strip())
-    print("FAILED: a launch order is not a permutation of its grid, or bands_for changed"
-          if r.returncode else "ok")
-    return r.returncode
+    model = model_mismatches(dump)
+    if model:
+        print("\n".join(model[:5]))
+    if r.returncode:
+        print("FAILED: a launch order is not a permutation of its grid, or bands_for changed")
+    elif model:
+        print("FAILED: bench/attention/bwd_launch_model.py no longer models the kernel's order")
+    else:
+        print("ok")
+    return 1 if r.returncode or model else 0
 
 
 if __name__ == "__main__":
