@@ -302,19 +302,25 @@ def test_import_loads_the_wire_modules_in_the_background_unless_turned_off():
     assert off.stdout.split() == ["False", "False", "False"], off.stdout
 
 
+def _run_with_stand_in_grpc(tmp_path, grpc_init, code="import kcache"):
+    """Runs `code` in a fresh interpreter where a package `grpc` whose __init__.py is
+    `grpc_init` stands in for the real one (ahead of it on the path)."""
+    fake = tmp_path / "grpc"
+    fake.mkdir()
+    (fake / "__init__.py").write_text(grpc_init)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=_clean_env(PYTHONPATH=os.pathsep.join([str(tmp_path), PKG_SRC])),
+                          timeout=120)
+
+
 def test_exit_right_after_import_waits_for_the_background_imports(tmp_path):
     # A daemon thread still inside a C extension's import when the interpreter finalizes
     # can crash it (test_each_module_imports_alone_in_a_fresh_interpreter saw SIGSEGV now
     # and then). A slow `grpc` stands in for the real one: the process exits at once, and
     # the import must have finished (its marker written) before the interpreter went away.
     marker = tmp_path / "grpc-imported"
-    fake = tmp_path / "grpc"
-    fake.mkdir()
-    (fake / "__init__.py").write_text(
-        "import time\ntime.sleep(1.0)\nopen(%r, 'w').write('done')\n" % str(marker))
-    p = subprocess.run([sys.executable, "-c", "import kcache"], capture_output=True,
-                       text=True, env=_clean_env(PYTHONPATH=os.pathsep.join(
-                           [str(tmp_path), PKG_SRC])), timeout=120)
+    p = _run_with_stand_in_grpc(
+        tmp_path, "import time\ntime.sleep(1.0)\nopen(%r, 'w').write('done')\n" % str(marker))
     assert p.returncode == 0, p.stderr
     assert marker.exists(), "the process exited while kcache's background import ran"
 
@@ -326,16 +332,12 @@ def test_background_imports_start_after_importlib_is_whole(tmp_path):
     # with "NameError: name 'sys' is not defined": ~1 % of the fresh interpreters above, in
     # CI. A stand-in grpc, imported first on the thread, records what it found.
     seen = tmp_path / "seen"
-    fake = tmp_path / "grpc"
-    fake.mkdir()
-    (fake / "__init__.py").write_text(
+    p = _run_with_stand_in_grpc(
+        tmp_path,
         "import sys\n"
         "ok = ('importlib' in sys.modules and 'importlib.util' in sys.modules\n"
         "      and sys.modules.get('importlib._bootstrap') is sys.modules['_frozen_importlib'])\n"
         "open(%r, 'w').write(str(ok))\n" % str(seen))
-    p = subprocess.run([sys.executable, "-c", "import kcache"], capture_output=True,
-                       text=True, env=_clean_env(PYTHONPATH=os.pathsep.join(
-                           [str(tmp_path), PKG_SRC])), timeout=120)
     assert p.returncode == 0, p.stderr
     assert seen.read_text() == "True", "the thread started before importlib was whole"
 
@@ -343,15 +345,11 @@ def test_background_imports_start_after_importlib_is_whole(tmp_path):
 def test_import_without_grpc_still_works_and_the_call_names_what_is_missing(tmp_path):
     # A machine without grpcio imports kcache (specs need no wire); the warm-up thread's
     # failure is silent and the first client says what to install.
-    blocker = tmp_path / "grpc"
-    blocker.mkdir()
-    (blocker / "__init__.py").write_text("raise ImportError('No module named grpc (test)')\n")
     probe = ("import kcache\nfrom kcache import _warm\n_warm.wait()\n"
              "try:\n    kcache.Client('unix:/nonexistent.sock')\n"
              "except ImportError as e:\n    print('ImportError', e)\n")
-    p = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
-                       env=_clean_env(PYTHONPATH=os.pathsep.join([str(tmp_path), PKG_SRC])),
-                       timeout=120)
+    p = _run_with_stand_in_grpc(
+        tmp_path, "raise ImportError('No module named grpc (test)')\n", probe)
     assert p.returncode == 0, p.stderr
     assert p.stdout.startswith("ImportError"), p.stdout + p.stderr
     assert "grpc" in p.stdout
