@@ -6,7 +6,9 @@
 #                                              when dist/ lacks them)
 #   .devcarry/bin/{cuda_driver_gpu_test,client_gpu_test}   (static test binaries)
 #   .devcarry/pygen/kcache/v1/*.py             (ninja kcache_python_proto)
-#   .devcarry/cubins/                          (optional: kernel harness cache)
+#   .devcarry/cubins/                          (optional: kernel harness cache; unpacked
+#                                              here from .devcarry/pack/cubins.tar.xz)
+# scripts/devcarry.sh makes all of these.
 # Prints one line per suite as it ends and all of them at the end, each with its log's
 # count line (n passed / failed); also when stopped from outside (TERM: the running suite is
 # marked CUT). Exit status 1 if any failed.
@@ -23,6 +25,10 @@ if [[ ! -x dist/kcached && -f .devcarry/pack/kcache-dist.tar.xz ]]; then
   # them from dist/); Python's tarfile, since the GPU machine may lack xz.
   mkdir -p dist
   python3 -c "import tarfile; tarfile.open('.devcarry/pack/kcache-dist.tar.xz').extractall('dist')"
+fi
+if [[ ! -d .devcarry/cubins && -f .devcarry/pack/cubins.tar.xz ]]; then
+  # The kernel suites' cubins, compiled on the CPU machine (scripts/devcarry.sh).
+  python3 -c "import tarfile; tarfile.open('.devcarry/pack/cubins.tar.xz').extractall('.devcarry')"
 fi
 LOGS=${OUT:-/tmp/kcache-gpu-suite}
 mkdir -p "$LOGS"

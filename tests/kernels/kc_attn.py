@@ -540,6 +540,13 @@ def compile_spec(spec, cache_dir=CUBIN_DIR):
     key = spec_key(spec)
     path = os.path.join(cache_dir, key + ".cubin")
     if os.path.exists(path):
+        # Touched: a cubin's mtime is its last use, so that scripts/devcarry.sh packs only
+        # those today's variants use (the directory keeps every older kernel's too).
+        for touched in (path, path + ".log"):
+            try:
+                os.utime(touched)
+            except OSError:
+                pass
         with open(path, "rb") as f:
             return f.read(), open(path + ".log").read() if os.path.exists(path + ".log") else ""
     cubin, log = compile_module(prelude(spec), arch=spec["arch"], sm90a=spec["sm90a"])

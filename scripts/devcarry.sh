@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Prepares .devcarry/ (ignored) for a GPU machine that has only the driver, NVRTC and
+# PyTorch (the lent H200), so that scripts/gpu-suite.sh runs there with nothing to build:
+#   .devcarry/pack/kcache-dist.tar.xz   kcached and its compile worker, static (build-static.sh)
+#   .devcarry/bin/                      cuda_driver_gpu_test, client_gpu_test, stripped
+#   .devcarry/pygen/kcache/             the generated Python protobuf / gRPC modules
+#   .devcarry/pack/cubins.tar.xz        every forward and backward kernel-suite variant,
+#                                       compiled here with NVRTC (tests/kernels/kc_attn.py)
+# The kernel suites then spend no device time compiling (their ~390 variants took minutes
+# there), and the cubins travel packed: unpacked they are over half of the 64 MiB a device
+# call may carry. Carry the three folders: .devcarry/pack .devcarry/bin .devcarry/pygen.
+# KCACHE_JOBS as for build.sh; KC_SKIP_CUBINS=1 leaves the cubin pack out.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BUILD_DIR=${KCACHE_BUILD_DIR:-build}
+scripts/build-static.sh
+cmake --build "$BUILD_DIR" -j "${KCACHE_JOBS:-$(nproc)}" \
+  --target client_gpu_test cuda_driver_gpu_test kcache_python_proto
+mkdir -p .devcarry/bin .devcarry/pack .devcarry/pygen
+cp dist/kcache-dist.tar.xz .devcarry/pack/
+for t in client_gpu_test cuda_driver_gpu_test; do
+  strip -o ".devcarry/bin/$t" "$BUILD_DIR/bin/$t"
+done
+rm -rf .devcarry/pygen/kcache
+cp -r "$BUILD_DIR/client/python/gen/kcache" .devcarry/pygen/
+if [[ -z ${KC_SKIP_CUBINS:-} ]]; then
+  # compile_spec touches each cubin it is asked for, cached or new: what is newer than the
+  # stamp is exactly what today's kernels and variants use, and only that is packed.
+  stamp=.devcarry/cubins.stamp
+  mkdir -p .devcarry/cubins
+  touch "$stamp"
+  sleep 1  # mtime granularity: a cubin used now must come out newer than the stamp
+  python3 tests/kernels/test_attention_fwd.py --compile-only >/dev/null
+  python3 tests/kernels/test_attention_bwd.py --compile-only >/dev/null
+  (cd .devcarry && find cubins -type f -newer cubins.stamp -print0 |
+    tar --null -cf - -T - | xz -6 -T0 >pack/cubins.tar.xz.tmp)
+  mv .devcarry/pack/cubins.tar.xz.tmp .devcarry/pack/cubins.tar.xz
+  rm -f "$stamp"
+fi
+du -sh .devcarry/pack .devcarry/bin .devcarry/pygen
