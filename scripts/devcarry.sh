@@ -4,8 +4,9 @@
 #   .devcarry/pack/kcache-dist.tar.xz   kcached and its compile worker, static (build-static.sh)
 #   .devcarry/bin/                      cuda_driver_gpu_test, client_gpu_test, stripped
 #   .devcarry/pygen/kcache/             the generated Python protobuf / gRPC modules
-#   .devcarry/pack/cubins.tar.xz        every forward and backward kernel-suite variant,
-#                                       compiled here with NVRTC (tests/kernels/kc_attn.py)
+#   .devcarry/pack/cubins.tar.xz        every forward and backward kernel-suite variant and
+#                                       bench_attention.py's kernels, compiled here with
+#                                       NVRTC (tests/kernels/kc_attn.py)
 # The kernel suites then spend no device time compiling (their ~390 variants took minutes
 # there), and the cubins travel packed: unpacked they are over half of the 64 MiB a device
 # call may carry. Carry the three folders: .devcarry/pack .devcarry/bin .devcarry/pygen.
@@ -32,6 +33,8 @@ if [[ -z ${KC_SKIP_CUBINS:-} ]]; then
   sleep 1  # mtime granularity: a cubin used now must come out newer than the stamp
   python3 tests/kernels/test_attention_fwd.py --compile-only >/dev/null
   python3 tests/kernels/test_attention_bwd.py --compile-only >/dev/null
+  python3 bench/attention/bench_attention.py --precompile >/dev/null
+  python3 bench/attention/bench_attention.py --precompile --backward >/dev/null
   (cd .devcarry && find cubins -type f -newer cubins.stamp -print0 |
     tar --null -cf - -T - | xz -6 -T0 >pack/cubins.tar.xz.tmp)
   mv .devcarry/pack/cubins.tar.xz.tmp .devcarry/pack/cubins.tar.xz

@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# Issue 27's device calls (H200, or an H100 lent for it), each within one call's 10 minutes.
+# Prepare here with scripts/devcarry.sh and carry .devcarry/pack .devcarry/bin .devcarry/pygen:
+#   bench/attention/run_issue27.sh suites   every GPU suite (scripts/gpu-suite.sh; ~250 s),
+#                                           the kernel suites first
+#   bench/attention/run_issue27.sh bench    bench_attention.py, every case, forward then
+#                                           forward + backward, beside flex (eager mask),
+#                                           SDPA FA2 and cuDNN (~130 s); then the drafter
+#                                           layer against a kcached started here (~250 s)
+#   bench/attention/run_issue27.sh layer    the layer alone
+# What comes back: $OUT/<part>.txt (the output) and $OUT/<part>-logs.tar.gz (logs and JSON),
+# packed again as each step ends, so that a call cut at its limit still returns what ran (a
+# device call returns at most 8 files). SEED for the suites (default: the date).
+set -u
+cd "$(dirname "$0")/../.." || exit 1
+part=${1:-}
+case $part in
+  suites | bench | layer) ;;
+  *) echo "usage: run_issue27.sh suites|bench|layer" >&2; exit 2 ;;
+esac
+R=${OUT:-/tmp/kcache-issue27}
+work=/tmp/kcache-issue27-$part
+mkdir -p "$R" "$work"
+export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-} PYTHONUNBUFFERED=1
+exec > >(tee -a "$R/$part.txt") 2>&1
+save() { tar -czf "$R/$part-logs.tar.gz" -C "$work" . 2>/dev/null; }
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu \
+  --format=csv,noheader
+git log --oneline -1 2>/dev/null
+if [[ ! -x dist/kcached && -f .devcarry/pack/kcache-dist.tar.xz ]]; then
+  mkdir -p dist
+  python3 -c "import tarfile; tarfile.open('.devcarry/pack/kcache-dist.tar.xz').extractall('dist')"
+fi
+
+suites() {
+  local seed=${SEED:-$(date +%s)}
+  # Two runs of gpu-suite.sh, so that the kernel suites (what a kernel change risks) come
+  # first whatever the limit leaves of the rest.
+  OUT=$work SEED=$seed SUITES='kernel_correctness|kernel_backward' bash scripts/gpu-suite.sh
+  save
+  OUT=$work SEED=$seed SUITES='^(cuda_driver_gpu_test|client_gpu_test|python_gpu_e2e|python_flex_gpu|python_raw_gpu|triton_raw|python_gpu_triton)$' \
+    bash scripts/gpu-suite.sh
+  save
+}
+
+bench() {
+  local t0=$SECONDS
+  timeout 200 python3 bench/attention/bench_attention.py --flex-mask eager --jobs 16 --rounds 3 \
+    --json "$work/bench-fwd.json"
+  echo "== bench_attention forward: rc $? ($((SECONDS - t0)) s)"
+  save
+  t0=$SECONDS
+  timeout 260 python3 bench/attention/bench_attention.py --backward --flex-mask eager --jobs 16 \
+    --rounds 3 --json "$work/bench-bwd.json"
+  echo "== bench_attention forward + backward: rc $? ($((SECONDS - t0)) s)"
+  save
+}
+
+layer() {
+  local t0=$SECONDS
+  dist/kcached --store_path="$work/store" --socket_path="$work/k.sock" 2>"$work/kcached.log" &
+  local pid=$!
+  for _ in $(seq 100); do [[ -S $work/k.sock ]] && break; sleep 0.1; done
+  KCACHE_TARGET=unix:$work/k.sock PYTHONPATH=$PWD/client/python timeout 300 \
+    python3 bench/attention/bench_drafter_layer.py \
+    --only kcache,flex_eager_mask,flex_compiled_mask,no_attention
+  echo "== drafter layer: rc $? ($((SECONDS - t0)) s)"
+  kill "$pid" 2>/dev/null
+  wait "$pid" 2>/dev/null
+  rm -rf "$work/store"
+  save
+}
+
+case $part in
+  suites) suites ;;
+  bench) bench; layer ;;
+  layer) layer ;;
+esac
