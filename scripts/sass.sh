@@ -7,8 +7,11 @@
 #   scripts/sass.sh --cuobjdump CUBIN [options] e.g. -res-usage
 # The kernel suites' cubins are in .devcarry/cubins (tests/kernels/kc_attn.py spec_key).
 set -euo pipefail
-cd "$(dirname "$0")/.."
-tools=${KCACHE_BUILD_DIR:-build}/sass-tools
+# No cd: the cubin's path is the caller's.
+root=$(cd "$(dirname "$0")/.." && pwd)
+build=${KCACHE_BUILD_DIR:-build}
+[[ $build == /* ]] || build=$root/$build
+tools=$build/sass-tools
 bin=$tools/nvidia/cu13/bin
 if [[ ! -x $bin/nvdisasm || ! -x $bin/cuobjdump ]]; then
   mkdir -p "$tools/wheels"

@@ -8,37 +8,48 @@
 #                                           SDPA FA2 and cuDNN (~130 s); then the drafter
 #                                           layer against a kcached started here (~250 s)
 #   bench/attention/run_issue27.sh layer    the layer alone
-# What comes back: $OUT/<part>.txt (the output) and $OUT/<part>-logs.tar.gz (logs and JSON),
-# packed again as each step ends, so that a call cut at its limit still returns what ran (a
-# device call returns at most 8 files). SEED for the suites (default: the date).
+#   AB_DEFINES=KC_X=1 bench/attention/run_issue27.sh ab
+#                                           a forward measurement switch against the default:
+#                                           the forward suite's drafter variants with it on,
+#                                           then both timed in interleaved rounds on the
+#                                           drafter cases (~150 s)
+# Several parts run in the order given (run_issue27.sh suites ab). What comes back:
+# $OUT/<part>.txt (the output) and $OUT/<part>-logs.tar.gz (logs and JSON), packed again as
+# each step ends, so that a call cut at its limit still returns what ran (a device call
+# returns at most 8 files). SEED for the suites and ab (default: the date).
 set -u
 cd "$(dirname "$0")/../.." || exit 1
-part=${1:-}
-case $part in
-  suites | bench | layer) ;;
-  *) echo "usage: run_issue27.sh suites|bench|layer" >&2; exit 2 ;;
-esac
+if (($# == 0)); then
+  echo "usage: run_issue27.sh PART... (suites, bench, layer, ab)" >&2
+  exit 2
+fi
+for part in "$@"; do
+  case $part in
+    suites | bench | layer | ab) ;;
+    *) echo "unknown part: $part (suites, bench, layer or ab)" >&2; exit 2 ;;
+  esac
+done
 R=${OUT:-/tmp/kcache-issue27}
-work=/tmp/kcache-issue27-$part
-mkdir -p "$R" "$work"
+mkdir -p "$R"
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-} PYTHONUNBUFFERED=1
-exec > >(tee -a "$R/$part.txt") 2>&1
-save() { tar -czf "$R/$part-logs.tar.gz" -C "$work" . 2>/dev/null; }
+export SEED=${SEED:-$(date +%s)}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu \
-  --format=csv,noheader
-git log --oneline -1 2>/dev/null
+  --format=csv,noheader | tee "$R/gpu.txt"
+git log --oneline -1 2>/dev/null | tee -a "$R/gpu.txt"
 if [[ ! -x dist/kcached && -f .devcarry/pack/kcache-dist.tar.xz ]]; then
   mkdir -p dist
   python3 -c "import tarfile; tarfile.open('.devcarry/pack/kcache-dist.tar.xz').extractall('dist')"
 fi
+work=""
+part=""
+save() { tar -czf "$R/$part-logs.tar.gz" -C "$work" . 2>/dev/null; }
 
 suites() {
-  local seed=${SEED:-$(date +%s)}
   # Two runs of gpu-suite.sh, so that the kernel suites (what a kernel change risks) come
   # first whatever the limit leaves of the rest.
-  OUT=$work SEED=$seed SUITES='kernel_correctness|kernel_backward' bash scripts/gpu-suite.sh
+  OUT=$work SUITES='kernel_correctness|kernel_backward' bash scripts/gpu-suite.sh
   save
-  OUT=$work SEED=$seed SUITES='^(cuda_driver_gpu_test|client_gpu_test|python_gpu_e2e|python_flex_gpu|python_raw_gpu|triton_raw|python_gpu_triton)$' \
+  OUT=$work SUITES='^(cuda_driver_gpu_test|client_gpu_test|python_gpu_e2e|python_flex_gpu|python_raw_gpu|triton_raw|python_gpu_triton)$' \
     bash scripts/gpu-suite.sh
   save
 }
@@ -71,8 +82,27 @@ layer() {
   save
 }
 
-case $part in
-  suites) suites ;;
-  bench) bench; layer ;;
-  layer) layer ;;
-esac
+ab() {
+  local defs=${AB_DEFINES:?ab needs AB_DEFINES, e.g. KC_X=1,KC_Y=2} t0=$SECONDS
+  echo "== ab: $defs"
+  KC_EXTRA_DEFINES=$defs timeout 150 python3 tests/kernels/test_attention_fwd.py \
+    --select drafter --cases 150 --seed "$SEED" --log "$work/ab-fwd-cases.log" | tail -n 6
+  echo "== ab: drafter variants with $defs: rc ${PIPESTATUS[0]} ($((SECONDS - t0)) s)"
+  save
+  t0=$SECONDS
+  VARIANTS="base:;ab:$defs" ROUNDS=7 REPS=25 SM90A=1 BWD=0 FLEX=0 SDPA=0 timeout 240 \
+    python3 bench/attention/bwd_variants.py drafter_sorted drafter_random
+  echo "== ab: timing rc $? ($((SECONDS - t0)) s)"
+  save
+}
+
+for part in "$@"; do
+  work=/tmp/kcache-issue27-$part
+  mkdir -p "$work"
+  case $part in
+    suites) suites ;;
+    bench) bench; layer ;;
+    layer) layer ;;
+    ab) ab ;;
+  esac 2>&1 | tee -a "$R/$part.txt"
+done
