@@ -12,7 +12,9 @@
 #                                           a forward measurement switch against the default:
 #                                           the forward suite's drafter variants with it on,
 #                                           then both timed in interleaved rounds on the
-#                                           drafter cases (~150 s)
+#                                           drafter cases (~150 s); AB_VARIANTS instead (or
+#                                           beside) sets bwd_variants.py's VARIANTS, e.g.
+#                                           "base:;t64:TILES=128x64x8x2" (AB_CASES: the cases)
 # Several parts run in the order given (run_issue27.sh suites ab). What comes back:
 # $OUT/<part>.txt (the output) and $OUT/<part>-logs.tar.gz (logs and JSON), packed again as
 # each step ends, so that a call cut at its limit still returns what ran (a device call
@@ -83,15 +85,22 @@ layer() {
 }
 
 ab() {
-  local defs=${AB_DEFINES:?ab needs AB_DEFINES, e.g. KC_X=1,KC_Y=2} t0=$SECONDS
-  echo "== ab: $defs"
-  KC_EXTRA_DEFINES=$defs timeout 150 python3 tests/kernels/test_attention_fwd.py \
-    --select drafter --cases 150 --seed "$SEED" --log "$work/ab-fwd-cases.log" | tail -n 6
-  echo "== ab: drafter variants with $defs: rc ${PIPESTATUS[0]} ($((SECONDS - t0)) s)"
-  save
+  local defs=${AB_DEFINES:-} t0=$SECONDS
+  if [[ -z $defs && -z ${AB_VARIANTS:-} ]]; then
+    echo "ab needs AB_DEFINES (e.g. KC_X=1,KC_Y=2) or AB_VARIANTS"
+    return 2
+  fi
+  if [[ -n $defs ]]; then
+    echo "== ab: $defs"
+    KC_EXTRA_DEFINES=$defs timeout 150 python3 tests/kernels/test_attention_fwd.py \
+      --select drafter --cases 150 --seed "$SEED" --log "$work/ab-fwd-cases.log" | tail -n 6
+    echo "== ab: drafter variants with $defs: rc ${PIPESTATUS[0]} ($((SECONDS - t0)) s)"
+    save
+  fi
   t0=$SECONDS
-  VARIANTS="base:;ab:$defs" ROUNDS=7 REPS=25 SM90A=1 BWD=0 FLEX=0 SDPA=0 timeout 240 \
-    python3 bench/attention/bwd_variants.py drafter_sorted drafter_random
+  # shellcheck disable=SC2086  # AB_CASES: several case names
+  VARIANTS=${AB_VARIANTS:-"base:;ab:$defs"} ROUNDS=7 REPS=25 SM90A=1 BWD=0 FLEX=0 SDPA=0 \
+    timeout 240 python3 bench/attention/bwd_variants.py ${AB_CASES:-drafter_sorted drafter_random}
   echo "== ab: timing rc $? ($((SECONDS - t0)) s)"
   save
 }
