@@ -11,8 +11,22 @@
 # there), and the cubins travel packed: unpacked they are over half of the 64 MiB a device
 # call may carry. Carry the three folders: .devcarry/pack .devcarry/bin .devcarry/pygen.
 # KCACHE_JOBS as for build.sh; KC_SKIP_CUBINS=1 leaves the cubin pack out.
+# There: `scripts/devcarry.sh --unpack` (gpu-suite.sh and run_issue27.sh call it) puts the
+# programs into dist/ and the cubins into .devcarry/cubins, each unless already there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+if [[ ${1:-} == --unpack ]]; then
+  # Python's tarfile: the GPU machine may lack xz. The dist archive holds the two programs
+  # without a folder (build-static.sh packs them from dist/).
+  if [[ ! -x dist/kcached && -f .devcarry/pack/kcache-dist.tar.xz ]]; then
+    mkdir -p dist
+    python3 -c "import tarfile; tarfile.open('.devcarry/pack/kcache-dist.tar.xz').extractall('dist')"
+  fi
+  if [[ ! -d .devcarry/cubins && -f .devcarry/pack/cubins.tar.xz ]]; then
+    python3 -c "import tarfile; tarfile.open('.devcarry/pack/cubins.tar.xz').extractall('.devcarry')"
+  fi
+  exit 0
+fi
 BUILD_DIR=${KCACHE_BUILD_DIR:-build}
 scripts/build-static.sh
 cmake --build "$BUILD_DIR" -j "${KCACHE_JOBS:-$(nproc)}" \

@@ -20,16 +20,7 @@ set -u
 cd "$(dirname "$0")/.." || exit 1
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 export PYTHONUNBUFFERED=1
-if [[ ! -x dist/kcached && -f .devcarry/pack/kcache-dist.tar.xz ]]; then
-  # The archive holds the two programs without a folder (build-static.sh packs
-  # them from dist/); Python's tarfile, since the GPU machine may lack xz.
-  mkdir -p dist
-  python3 -c "import tarfile; tarfile.open('.devcarry/pack/kcache-dist.tar.xz').extractall('dist')"
-fi
-if [[ ! -d .devcarry/cubins && -f .devcarry/pack/cubins.tar.xz ]]; then
-  # The kernel suites' cubins, compiled on the CPU machine (scripts/devcarry.sh).
-  python3 -c "import tarfile; tarfile.open('.devcarry/pack/cubins.tar.xz').extractall('.devcarry')"
-fi
+scripts/devcarry.sh --unpack || exit 1
 LOGS=${OUT:-/tmp/kcache-gpu-suite}
 mkdir -p "$LOGS"
 SEED=${SEED:-$(date +%s)}

@@ -38,10 +38,7 @@ export SEED=${SEED:-$(date +%s)}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu \
   --format=csv,noheader | tee "$R/gpu.txt"
 git log --oneline -1 2>/dev/null | tee -a "$R/gpu.txt"
-if [[ ! -x dist/kcached && -f .devcarry/pack/kcache-dist.tar.xz ]]; then
-  mkdir -p dist
-  python3 -c "import tarfile; tarfile.open('.devcarry/pack/kcache-dist.tar.xz').extractall('dist')"
-fi
+scripts/devcarry.sh --unpack || exit 1
 work=""
 part=""
 save() { tar -czf "$R/$part-logs.tar.gz" -C "$work" . 2>/dev/null; }
