@@ -497,10 +497,25 @@ __device__ __forceinline__ unsigned long long smem_desc(unsigned addr, unsigned 
 }
 #endif  // KC_ARCH_SM90A
 
+// Shared address of 16-byte chunk c of row r in a swizzled [ROWS, D] tile at
+// sdst: r * 2D + ((c ^ (r & 7)) * 16) for ldmatrix, or wgmma's canonical
+// 128-byte-swizzled K-major layout, [D / 64][ROWS][64] (Swizzle<3,4,3>).
+// tile_row_bytes: bytes per row between rows of one swizzle key (r & 7), so
+// that a pass of P rows, P a multiple of 8, moves a chunk's address by P times
+// that.
+template <int ROWS, int D, bool WGMMA>
+__device__ __forceinline__ unsigned tile_chunk_addr(unsigned sdst, int r, int c) {
+  return WGMMA ? sdst + (c >> 3) * (ROWS * 128) + r * 128 + (((c & 7) ^ (r & 7)) << 4)
+               : sdst + r * (D * 2) + ((c ^ (r & 7)) << 4);
+}
+template <int D, bool WGMMA>
+__device__ __forceinline__ constexpr int tile_row_bytes() {
+  return WGMMA ? 128 : D * 2;
+}
+
 // Copies rows [row0, row0 + ROWS) of a [len, D] matrix (row stride `stride`
-// elements) into a swizzled shared tile: 16-byte chunk c of row r lives at
-// r * 2D + ((c ^ (r & 7)) * 16) for ldmatrix, or in wgmma's canonical
-// 128-byte-swizzled K-major layout. Rows at or past `len` are zero-filled.
+// elements) into a swizzled shared tile (tile_chunk_addr). Rows at or past
+// `len` are zero-filled.
 // THREADS threads (tid in [0, THREADS)) share the copy; the backward passes
 // its own count and the ldmatrix layout.
 template <int ROWS, int D, int THREADS = kThreads, bool WGMMA = kWgmma>
@@ -524,14 +539,12 @@ __device__ __forceinline__ void load_tile(unsigned sdst, const elem_t* g, long l
     if (row0 + ROWS <= len) {
       const int c = tid % kChunks;
       const int r0 = tid / kChunks;
-      const unsigned d0 =
-          WGMMA ? sdst + (c >> 3) * (ROWS * 128) + r0 * 128 + (((c & 7) ^ (r0 & 7)) << 4)
-                : sdst + r0 * (D * 2) + ((c ^ (r0 & 7)) << 4);
+      const unsigned d0 = tile_chunk_addr<ROWS, D, WGMMA>(sdst, r0, c);
       const elem_t* src = g + (long long)(row0 + r0) * stride + c * 8;
       const long long step = (long long)kPass * stride;
 #pragma unroll
       for (int i = 0; i < ROWS / kPass; ++i) {
-        cp_async16(d0 + i * kPass * (WGMMA ? 128 : D * 2), src, true);
+        cp_async16(d0 + i * kPass * tile_row_bytes<D, WGMMA>(), src, true);
         src += step;
       }
       return;
@@ -547,12 +560,7 @@ __device__ __forceinline__ void load_tile(unsigned sdst, const elem_t* g, long l
     const int c = idx % kChunks;
     const bool ok = row0 + r < len;
     const elem_t* src = ok ? g + (long long)(row0 + r) * stride + c * 8 : g;
-    if constexpr (WGMMA) {
-      // [D / 64][ROWS][64]: 128-byte rows, chunk (c % 8) ^ (r % 8) (Swizzle<3,4,3>).
-      cp_async16(sdst + (c >> 3) * (ROWS * 128) + r * 128 + (((c & 7) ^ (r & 7)) << 4), src, ok);
-    } else {
-      cp_async16(sdst + r * (D * 2) + ((c ^ (r & 7)) << 4), src, ok);
-    }
+    cp_async16(tile_chunk_addr<ROWS, D, WGMMA>(sdst, r, c), src, ok);
   }
 }
 
@@ -573,11 +581,7 @@ __device__ __forceinline__ void load_tile_rows(unsigned sdst, const elem_t* g, l
     const int src_row = row_of(r);
     const bool ok = src_row >= 0;
     const elem_t* src = ok ? g + (long long)src_row * stride + c * 8 : g;
-    if constexpr (WGMMA) {
-      cp_async16(sdst + (c >> 3) * (ROWS * 128) + r * 128 + (((c & 7) ^ (r & 7)) << 4), src, ok);
-    } else {
-      cp_async16(sdst + r * (D * 2) + ((c ^ (r & 7)) << 4), src, ok);
-    }
+    cp_async16(tile_chunk_addr<ROWS, D, WGMMA>(sdst, r, c), src, ok);
   };
   if constexpr (ROLLED) {
 #pragma unroll 1
@@ -609,9 +613,7 @@ __device__ __forceinline__ void load_tile_runs(unsigned sdst, const elem_t* g, l
   if constexpr (kFastPath) {
     const int c = tid % kChunks;
     const int r0 = tid / kChunks;
-    const unsigned d0 =
-        WGMMA ? sdst + (c >> 3) * (ROWS * 128) + r0 * 128 + (((c & 7) ^ (r0 & 7)) << 4)
-              : sdst + r0 * (D * 2) + ((c ^ (r0 & 7)) << 4);
+    const unsigned d0 = tile_chunk_addr<ROWS, D, WGMMA>(sdst, r0, c);
     const long long step = (long long)kPass * stride;
     // BOUNDED (the forward's, in its producer): rolled over the runs, which
     // unrolled spilled there (D128 t128_128: 4 / 16 bytes).
@@ -623,18 +625,18 @@ __device__ __forceinline__ void load_tile_runs(unsigned sdst, const elem_t* g, l
 #pragma unroll
       for (int i = 0; i < RUN / kPass; ++i) {
         const bool ok = !BOUNDED || (run_ok && base + r0 + i * kPass < limit);
-        cp_async16(d0 + (j * RUN + i * kPass) * (WGMMA ? 128 : D * 2), ok ? src : g, ok);
+        cp_async16(d0 + (j * RUN + i * kPass) * tile_row_bytes<D, WGMMA>(), ok ? src : g, ok);
         src += step;
       }
     }
-  } else if constexpr (BOUNDED) {
+  } else {
     auto row_of = [&](int r) {
       const int base = run_row(r / RUN);
-      return base >= 0 && base + r % RUN < limit ? base + r % RUN : -1;
+      if constexpr (BOUNDED) {
+        if (base < 0 || base + r % RUN >= limit) return -1;
+      }
+      return base + r % RUN;
     };
-    load_tile_rows<ROWS, D, THREADS, WGMMA, true>(sdst, g, stride, row_of, tid);
-  } else {
-    auto row_of = [&](int r) { return run_row(r / RUN) + r % RUN; };
     load_tile_rows<ROWS, D, THREADS, WGMMA, true>(sdst, g, stride, row_of, tid);
   }
 }
