@@ -542,6 +542,11 @@ constexpr int kHeadChunk = 4;
 // so that each pair running holds 8-16 CTAs that walk together (B4: ~16 pairs
 // of 8 in a wave, B8: ~8 of 16).
 // KC_BWD_LEAD and KC_BWD_BAND (measurement switches) fix either.
+// KC_BWD_LATE_SCALE (measurement switch): dS without the softmax scale on the
+// wgmma split path; dK and dQ take it once at their ends.
+#ifndef KC_BWD_LATE_SCALE
+#define KC_BWD_LATE_SCALE 0
+#endif
 #ifndef KC_BWD_LEAD
 #define KC_BWD_LEAD -1
 #endif
@@ -902,7 +907,10 @@ extern "C" __global__ void __launch_bounds__(kcache::kAttnBwdAuxThreads)
         const int half = f >> 10, w = (f >> 8) & 3, nt = (f >> 5) & 7, ln = f & 31;
         const int r = 16 * w + (ln >> 2);
         const int c = 64 * half + 8 * nt + 2 * (ln & 3);
-        const float4 v = acc4[f];
+        float4 v = acc4[f];
+#if KC_BWD_LATE_SCALE
+        if constexpr (kWgSplit) v = make_float4(v.x * kScale, v.y * kScale, v.z * kScale, v.w * kScale);
+#endif
         *reinterpret_cast<float2*>(tile + r * kPad + c) = make_float2(v.x, v.y);
         *reinterpret_cast<float2*>(tile + (r + 8) * kPad + c) = make_float2(v.z, v.w);
       }
@@ -920,7 +928,10 @@ extern "C" __global__ void __launch_bounds__(kcache::kAttnBwdAuxThreads)
   for (int i = threadIdx.x; i < rows * kDQK / 2; i += kAttnBwdAuxThreads) {
     const int r = i / (kDQK / 2);
     const int c = (i % (kDQK / 2)) * 2;
-    const float2 v = acc[i];
+    float2 v = acc[i];
+#if KC_BWD_LATE_SCALE
+    if constexpr (kWgSplit) v = make_float2(v.x * kScale, v.y * kScale);
+#endif
     *reinterpret_cast<unsigned*>(dq + (m0 + r) * p.dq_stride_s + c) = pack2(v.x, v.y);
   }
 }
@@ -1371,7 +1382,14 @@ extern "C" __global__ void __launch_bounds__(kcache::AttentionBwdDkdvThreads(KC_
   // kWg (see kWg above): warpgroup wg owns keys 64 wg + [0, 64); its
   // accumulators have the 16-keys-per-warp mma.sync layout (rows
   // 16 (warp % 4) + g (+ 8) of the warpgroup, i.e. key_row0).
+#if KC_BWD_UNIFORM_WG
+  // Broadcast from lane 0: ptxas then knows wg is warp-uniform and keeps the K / V
+  // descriptors in uniform registers, instead of rebuilding each in vector registers
+  // and moving it over (R2UR) before every wgmma.
+  const int wg = __shfl_sync(0xffffffffu, warp >> 2, 0);
+#else
   const int wg = warp >> 2;
+#endif
   // S^T = K Q^T and dP^T = V dO^T of the stage at q_s / o_s, waited.
   auto wg_sdp = [&](float(&s)[kNT][4], float(&dp)[kNT][4], unsigned q_s, unsigned o_s) {
     const unsigned long long dk0 = smem_desc(sK + wg * (64 * 128), 16, 1024);
@@ -1657,7 +1675,13 @@ extern "C" __global__ void __launch_bounds__(kcache::AttentionBwdDkdvThreads(KC_
           const float del = del_st[nt * 8 + 2 * t4 + c];
 #pragma unroll
           for (int hh2 = 0; hh2 < 2; ++hh2) {
+#if KC_BWD_LATE_SCALE
+            // The softmax scale left out of dS (one multiply per element): dK takes it
+            // once in the epilogue, dQ in kcache_attn_bwd_dq_convert.
+            dp[nt][hh2 * 2 + c] = s[nt][hh2 * 2 + c] * (dp[nt][hh2 * 2 + c] - del);
+#else
             dp[nt][hh2 * 2 + c] = s[nt][hh2 * 2 + c] * (dp[nt][hh2 * 2 + c] - del) * kScale;
+#endif
           }
         }
       }
@@ -1900,6 +1924,15 @@ extern "C" __global__ void __launch_bounds__(kcache::AttentionBwdDkdvThreads(KC_
 #if KC_BWD_WGMMA
   fence_regs(dk);  // the last wgmma_wait before any read
   fence_regs(dv);
+#if KC_BWD_LATE_SCALE
+  if constexpr (kWgSplit) {
+#pragma unroll
+    for (int i = 0; i < kDTQ; ++i) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) dk[i][j] *= kScale;
+    }
+  }
+#endif
 #endif
   // dK and dV of this thread's two keys, in the dtype.
 #pragma unroll
