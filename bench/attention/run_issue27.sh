@@ -10,11 +10,14 @@
 #   bench/attention/run_issue27.sh layer    the layer alone
 #   AB_DEFINES=KC_X=1 bench/attention/run_issue27.sh ab
 #                                           a forward measurement switch against the default:
-#                                           the forward suite's drafter variants with it on,
-#                                           then both timed in interleaved rounds on the
-#                                           drafter cases (~150 s); AB_VARIANTS instead (or
-#                                           beside) sets bwd_variants.py's VARIANTS, e.g.
-#                                           "base:;t64:TILES=128x64x8x2" (AB_CASES: the cases)
+#                                           the forward suite's drafter variants with it on
+#                                           (AB_SELECT: another regex), then both timed in
+#                                           interleaved rounds on the drafter cases (~150 s);
+#                                           AB_VARIANTS instead (or beside) sets bwd_variants.py's
+#                                           VARIANTS, e.g. "base:;t64:TILES=128x64x8x2"
+#                                           (AB_CASES: the cases). AB_BWD=1: a backward switch:
+#                                           every backward suite variant built for sm_90a with it
+#                                           (AB_SELECT_BWD), forward + backward timed
 # Several parts run in the order given (run_issue27.sh suites ab). What comes back:
 # $OUT/<part>.txt (the output) and $OUT/<part>-logs.tar.gz (logs and JSON), packed again as
 # each step ends, so that a call cut at its limit still returns what ran (a device call
@@ -87,16 +90,27 @@ ab() {
     echo "ab needs AB_DEFINES (e.g. KC_X=1,KC_Y=2) or AB_VARIANTS"
     return 2
   fi
+  local bwd=${AB_BWD:-0}
   if [[ -n $defs ]]; then
     echo "== ab: $defs"
     KC_EXTRA_DEFINES=$defs timeout 150 python3 tests/kernels/test_attention_fwd.py \
-      --select drafter --cases 150 --seed "$SEED" --log "$work/ab-fwd-cases.log" | tail -n 6
-    echo "== ab: drafter variants with $defs: rc ${PIPESTATUS[0]} ($((SECONDS - t0)) s)"
+      --select "${AB_SELECT:-drafter}" --cases 150 --seed "$SEED" --log "$work/ab-fwd-cases.log" |
+      tail -n 6
+    echo "== ab: forward variants /${AB_SELECT:-drafter}/ with $defs: rc ${PIPESTATUS[0]} ($((SECONDS - t0)) s)"
     save
+    if ((bwd)); then
+      t0=$SECONDS
+      KC_EXTRA_DEFINES=$defs timeout 150 python3 tests/kernels/test_attention_bwd.py \
+        --sm90a --select "${AB_SELECT_BWD:-.}" --cases 150 --seed "$SEED" \
+        --log "$work/ab-bwd-cases.log" | tail -n 4
+      echo "== ab: backward variants (sm_90a) /${AB_SELECT_BWD:-.}/ with $defs: rc ${PIPESTATUS[0]} ($((SECONDS - t0)) s)"
+      save
+    fi
   fi
   t0=$SECONDS
+  # AB_BWD=1: forward + backward timed (SDPA cuDNN beside the dense cases), else the forward.
   # shellcheck disable=SC2086  # AB_CASES: several case names
-  VARIANTS=${AB_VARIANTS:-"base:;ab:$defs"} ROUNDS=7 REPS=25 SM90A=1 BWD=0 FLEX=0 SDPA=0 \
+  VARIANTS=${AB_VARIANTS:-"base:;ab:$defs"} ROUNDS=7 REPS=25 SM90A=1 BWD=$bwd FLEX=0 SDPA=$bwd \
     timeout 240 python3 bench/attention/bwd_variants.py ${AB_CASES:-drafter_sorted drafter_random}
   echo "== ab: timing rc $? ($((SECONDS - t0)) s)"
   save
