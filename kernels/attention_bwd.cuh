@@ -909,7 +909,8 @@ extern "C" __global__ void __launch_bounds__(kcache::kAttnBwdAuxThreads)
         const int c = 64 * half + 8 * nt + 2 * (ln & 3);
         float4 v = acc4[f];
 #if KC_BWD_LATE_SCALE
-        if constexpr (kWgSplit) v = make_float4(v.x * kScale, v.y * kScale, v.z * kScale, v.w * kScale);
+        if constexpr (kWgSplit)
+          v = make_float4(v.x * kScale, v.y * kScale, v.z * kScale, v.w * kScale);
 #endif
         *reinterpret_cast<float2*>(tile + r * kPad + c) = make_float2(v.x, v.y);
         *reinterpret_cast<float2*>(tile + (r + 8) * kPad + c) = make_float2(v.z, v.w);

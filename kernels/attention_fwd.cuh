@@ -1578,10 +1578,10 @@ extern "C" __global__ void __launch_bounds__(kcache::attn_fwd::kFwdThreadsAll)
 #endif
   // wgmma: S = Q K^T issued (not waited) for the tile in `stage`.
   auto qk_wgmma = [&](float(&s)[kMT][kNT][4], int stage) {
-    // Q rows of this warpgroup: [D/64][kBM][64] -> rows 64 * (warp / 4).
 #if KC_FWD_UNIFORM_WG
     const unsigned q_wg = sQ + wg_uniform * (64 * 128);
 #else
+    // Q rows of this warpgroup: [D/64][kBM][64] -> rows 64 * (warp / 4).
     const unsigned q_wg = sQ + (warp >> 2) * (64 * 128);
 #endif
     const unsigned long long dq0 = smem_desc(q_wg, 16, 1024);
