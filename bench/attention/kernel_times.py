@@ -15,14 +15,10 @@ import os
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(HERE)), "tests", "kernels"))
+import bench_attention as BA  # noqa: E402
 import kc_attn as K  # noqa: E402
-
-CASES = {  # B, H, S, D, mask: bench_attention.py's dense shapes
-    "causal_d128": (4, 32, 4096, 128, "causal"),
-    "none_d128": (4, 32, 4096, 128, "none"),
-    "causal_d64": (8, 32, 2048, 64, "causal"),
-}
 
 
 def kernel_table(torch, fn, reps):
@@ -44,11 +40,12 @@ def kernel_table(torch, fn, reps):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("case", nargs="?", default="causal_d128", choices=sorted(CASES))
+    ap.add_argument("case", nargs="?", default="causal_d128", choices=sorted(BA.DENSE_CASES))
     ap.add_argument("--reps", type=int, default=10)
     args = ap.parse_args()
-    B, H, S, D, mask = CASES[args.case]
-    spec = K.make_spec("bf16", D, D, mask=mask, backward=True, sm90a=True)
+    B, H, _, S, D, mask = BA.DENSE_CASES[args.case]
+    # bench_attention's sm_90a forward + backward kernel of the case, the same cubin.
+    spec = BA.bwd_spec(D, mask, K.select_tiles(90, D, D, True, mask), True, False)
     cubin, _ = K.compile_spec(spec)
 
     import torch

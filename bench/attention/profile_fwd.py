@@ -53,7 +53,8 @@ def main():
         B, Hq, Hkv, Lq, Lkv, D, bufs = B, 32, 8, N * Bk, S + N * Bk, 128, {}
         drafter = (S, N, anc)
     else:
-        B, Hq, Hkv, Lq, Lkv, D, bufs = 4, 32, 32, 4096, 4096, 128, {}
+        B, Hq, Hkv, Lq, D, _ = BA.DENSE_CASES[args.case]
+        Lkv, bufs = Lq, {}
     dt = torch.bfloat16
     torch.manual_seed(0)
     q = torch.randn(B, Hq, Lq, D, device="cuda", dtype=dt)
