@@ -90,20 +90,20 @@ ab() {
     echo "ab needs AB_DEFINES (e.g. KC_X=1,KC_Y=2) or AB_VARIANTS"
     return 2
   fi
-  local bwd=${AB_BWD:-0}
+  local bwd=${AB_BWD:-0} sel=${AB_SELECT:-drafter} sel_bwd=${AB_SELECT_BWD:-.}
   if [[ -n $defs ]]; then
     echo "== ab: $defs"
     KC_EXTRA_DEFINES=$defs timeout 150 python3 tests/kernels/test_attention_fwd.py \
-      --select "${AB_SELECT:-drafter}" --cases 150 --seed "$SEED" --log "$work/ab-fwd-cases.log" |
+      --select "$sel" --cases 150 --seed "$SEED" --log "$work/ab-fwd-cases.log" |
       tail -n 6
-    echo "== ab: forward variants /${AB_SELECT:-drafter}/ with $defs: rc ${PIPESTATUS[0]} ($((SECONDS - t0)) s)"
+    echo "== ab: forward variants /$sel/ with $defs: rc ${PIPESTATUS[0]} ($((SECONDS - t0)) s)"
     save
     if ((bwd)); then
       t0=$SECONDS
       KC_EXTRA_DEFINES=$defs timeout 150 python3 tests/kernels/test_attention_bwd.py \
-        --sm90a --select "${AB_SELECT_BWD:-.}" --cases 150 --seed "$SEED" \
+        --sm90a --select "$sel_bwd" --cases 150 --seed "$SEED" \
         --log "$work/ab-bwd-cases.log" | tail -n 4
-      echo "== ab: backward variants (sm_90a) /${AB_SELECT_BWD:-.}/ with $defs: rc ${PIPESTATUS[0]} ($((SECONDS - t0)) s)"
+      echo "== ab: backward variants (sm_90a) /$sel_bwd/ with $defs: rc ${PIPESTATUS[0]} ($((SECONDS - t0)) s)"
       save
     fi
   fi
