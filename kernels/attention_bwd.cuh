@@ -547,6 +547,15 @@ constexpr int kHeadChunk = 4;
 #ifndef KC_BWD_LATE_SCALE
 #define KC_BWD_LATE_SCALE 0
 #endif
+// KC_BWD_LSE_UNGUARDED (measurement switch): on the wgmma split path, the LSE taken to
+// the log2 domain without lse_log2's -inf test. Safe there: a row whose LSE is -inf saw no
+// key, so every element of it is invisible and the select drops its P (inf) before use.
+#ifndef KC_BWD_LSE_UNGUARDED
+#define KC_BWD_LSE_UNGUARDED 0
+#endif
+#ifndef KC_BWD_UNIFORM_WG
+#define KC_BWD_UNIFORM_WG 0
+#endif
 #ifndef KC_BWD_LEAD
 #define KC_BWD_LEAD -1
 #endif
@@ -1643,7 +1652,11 @@ extern "C" __global__ void __launch_bounds__(kcache::AttentionBwdDkdvThreads(KC_
 #pragma unroll
           for (int c = 0; c < 2; ++c) {
             const int qi = nt * 8 + 2 * t4 + c;
+#if KC_BWD_LSE_UNGUARDED
+            const float l2 = lse_st[qi] * kLog2e;
+#else
             const float l2 = lse_log2(lse_st[qi]);
+#endif
             int4 rd = make_int4(0, 0, 0, 0);
             if constexpr (kRowData) rd = rd_st[qi];
 #pragma unroll
