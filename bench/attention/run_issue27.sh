@@ -10,9 +10,9 @@
 #   bench/attention/run_issue27.sh layer    the layer alone
 #   AB_DEFINES=KC_X=1 bench/attention/run_issue27.sh ab
 #                                           a forward measurement switch against the default:
-#                                           the forward suite's drafter variants with it on
-#                                           (AB_SELECT: another regex), then both timed in
-#                                           interleaved rounds on the drafter cases (~150 s);
+#                                           both timed in interleaved rounds on the drafter
+#                                           cases, then the forward suite's drafter variants
+#                                           with it on (AB_SELECT: another regex) (~150 s);
 #                                           AB_VARIANTS instead (or beside) sets bwd_variants.py's
 #                                           VARIANTS, e.g. "base:;t64:TILES=128x64x8x2"
 #                                           (AB_CASES: the cases). AB_BWD=1: a backward switch:
@@ -91,29 +91,29 @@ ab() {
     return 2
   fi
   local bwd=${AB_BWD:-0} sel=${AB_SELECT:-drafter} sel_bwd=${AB_SELECT_BWD:-.}
-  if [[ -n $defs ]]; then
-    echo "== ab: $defs"
-    KC_EXTRA_DEFINES=$defs timeout 150 python3 tests/kernels/test_attention_fwd.py \
-      --select "$sel" --cases 150 --seed "$SEED" --log "$work/ab-fwd-cases.log" |
-      tail -n 6
-    echo "== ab: forward variants /$sel/ with $defs: rc ${PIPESTATUS[0]} ($((SECONDS - t0)) s)"
-    save
-    if ((bwd)); then
-      t0=$SECONDS
-      KC_EXTRA_DEFINES=$defs timeout 150 python3 tests/kernels/test_attention_bwd.py \
-        --sm90a --select "$sel_bwd" --cases 150 --seed "$SEED" \
-        --log "$work/ab-bwd-cases.log" | tail -n 4
-      echo "== ab: backward variants (sm_90a) /$sel_bwd/ with $defs: rc ${PIPESTATUS[0]} ($((SECONDS - t0)) s)"
-      save
-    fi
-  fi
-  t0=$SECONDS
+  # The timing first: it is what the call is for, and a call cut at its limit keeps it.
   # AB_BWD=1: forward + backward timed (SDPA cuDNN beside the dense cases), else the forward.
   # shellcheck disable=SC2086  # AB_CASES: several case names
   VARIANTS=${AB_VARIANTS:-"base:;ab:$defs"} ROUNDS=7 REPS=25 SM90A=1 BWD=$bwd FLEX=0 SDPA=$bwd \
     timeout 240 python3 bench/attention/bwd_variants.py ${AB_CASES:-drafter_sorted drafter_random}
   echo "== ab: timing rc $? ($((SECONDS - t0)) s)"
   save
+  [[ -n $defs ]] || return 0
+  t0=$SECONDS
+  echo "== ab: $defs"
+  KC_EXTRA_DEFINES=$defs timeout 150 python3 tests/kernels/test_attention_fwd.py \
+    --select "$sel" --cases 150 --seed "$SEED" --log "$work/ab-fwd-cases.log" |
+    tail -n 6
+  echo "== ab: forward variants /$sel/ with $defs: rc ${PIPESTATUS[0]} ($((SECONDS - t0)) s)"
+  save
+  if ((bwd)); then
+    t0=$SECONDS
+    KC_EXTRA_DEFINES=$defs timeout 150 python3 tests/kernels/test_attention_bwd.py \
+      --sm90a --select "$sel_bwd" --cases 150 --seed "$SEED" \
+      --log "$work/ab-bwd-cases.log" | tail -n 4
+    echo "== ab: backward variants (sm_90a) /$sel_bwd/ with $defs: rc ${PIPESTATUS[0]} ($((SECONDS - t0)) s)"
+    save
+  fi
 }
 
 for part in "$@"; do
