@@ -542,20 +542,6 @@ constexpr int kHeadChunk = 4;
 // so that each pair running holds 8-16 CTAs that walk together (B4: ~16 pairs
 // of 8 in a wave, B8: ~8 of 16).
 // KC_BWD_LEAD and KC_BWD_BAND (measurement switches) fix either.
-// KC_BWD_LATE_SCALE (measurement switch): dS without the softmax scale on the
-// wgmma split path; dK and dQ take it once at their ends.
-#ifndef KC_BWD_LATE_SCALE
-#define KC_BWD_LATE_SCALE 0
-#endif
-// KC_BWD_LSE_UNGUARDED (measurement switch): on the wgmma split path, the LSE taken to
-// the log2 domain without lse_log2's -inf test. Safe there: a row whose LSE is -inf saw no
-// key, so every element of it is invisible and the select drops its P (inf) before use.
-#ifndef KC_BWD_LSE_UNGUARDED
-#define KC_BWD_LSE_UNGUARDED 0
-#endif
-#ifndef KC_BWD_UNIFORM_WG
-#define KC_BWD_UNIFORM_WG 0
-#endif
 #ifndef KC_BWD_LEAD
 #define KC_BWD_LEAD -1
 #endif
@@ -889,7 +875,8 @@ extern "C" __global__ void __launch_bounds__(kcache::kAttnBwdAuxThreads)
 }
 
 #if !KC_DETERMINISTIC
-// dq = dq_accum (already scaled) in the dtype. Grid as the preprocess.
+// dq = dq_accum in the dtype (the wgmma split path's dS leaves the softmax scale to this
+// kernel; the other paths accumulate dQ already scaled). Grid as the preprocess.
 extern "C" __global__ void __launch_bounds__(kcache::kAttnBwdAuxThreads)
     kcache_attn_bwd_dq_convert(const __grid_constant__ kcache::AttentionParams p) {
   using namespace kcache;
@@ -917,10 +904,8 @@ extern "C" __global__ void __launch_bounds__(kcache::kAttnBwdAuxThreads)
         const int r = 16 * w + (ln >> 2);
         const int c = 64 * half + 8 * nt + 2 * (ln & 3);
         float4 v = acc4[f];
-#if KC_BWD_LATE_SCALE
         if constexpr (kWgSplit)
           v = make_float4(v.x * kScale, v.y * kScale, v.z * kScale, v.w * kScale);
-#endif
         *reinterpret_cast<float2*>(tile + r * kPad + c) = make_float2(v.x, v.y);
         *reinterpret_cast<float2*>(tile + (r + 8) * kPad + c) = make_float2(v.z, v.w);
       }
@@ -939,9 +924,7 @@ extern "C" __global__ void __launch_bounds__(kcache::kAttnBwdAuxThreads)
     const int r = i / (kDQK / 2);
     const int c = (i % (kDQK / 2)) * 2;
     float2 v = acc[i];
-#if KC_BWD_LATE_SCALE
     if constexpr (kWgSplit) v = make_float2(v.x * kScale, v.y * kScale);
-#endif
     *reinterpret_cast<unsigned*>(dq + (m0 + r) * p.dq_stride_s + c) = pack2(v.x, v.y);
   }
 }
@@ -1392,14 +1375,10 @@ extern "C" __global__ void __launch_bounds__(kcache::AttentionBwdDkdvThreads(KC_
   // kWg (see kWg above): warpgroup wg owns keys 64 wg + [0, 64); its
   // accumulators have the 16-keys-per-warp mma.sync layout (rows
   // 16 (warp % 4) + g (+ 8) of the warpgroup, i.e. key_row0).
-#if KC_BWD_UNIFORM_WG
   // Broadcast from lane 0: ptxas then knows wg is warp-uniform and keeps the K / V
   // descriptors in uniform registers, instead of rebuilding each in vector registers
   // and moving it over (R2UR) before every wgmma.
   const int wg = __shfl_sync(0xffffffffu, warp >> 2, 0);
-#else
-  const int wg = warp >> 2;
-#endif
   // S^T = K Q^T and dP^T = V dO^T of the stage at q_s / o_s, waited.
   auto wg_sdp = [&](float(&s)[kNT][4], float(&dp)[kNT][4], unsigned q_s, unsigned o_s) {
     const unsigned long long dk0 = smem_desc(sK + wg * (64 * 128), 16, 1024);
@@ -1652,11 +1631,9 @@ extern "C" __global__ void __launch_bounds__(kcache::AttentionBwdDkdvThreads(KC_
 #pragma unroll
           for (int c = 0; c < 2; ++c) {
             const int qi = nt * 8 + 2 * t4 + c;
-#if KC_BWD_LSE_UNGUARDED
+            // lse_log2 without its -inf test: a row whose LSE is -inf saw no key, so
+            // each of its elements is invisible and the select below drops its P (+inf).
             const float l2 = lse_st[qi] * kLog2e;
-#else
-            const float l2 = lse_log2(lse_st[qi]);
-#endif
             int4 rd = make_int4(0, 0, 0, 0);
             if constexpr (kRowData) rd = rd_st[qi];
 #pragma unroll
@@ -1689,13 +1666,9 @@ extern "C" __global__ void __launch_bounds__(kcache::AttentionBwdDkdvThreads(KC_
           const float del = del_st[nt * 8 + 2 * t4 + c];
 #pragma unroll
           for (int hh2 = 0; hh2 < 2; ++hh2) {
-#if KC_BWD_LATE_SCALE
             // The softmax scale left out of dS (one multiply per element): dK takes it
             // once in the epilogue, dQ in kcache_attn_bwd_dq_convert.
             dp[nt][hh2 * 2 + c] = s[nt][hh2 * 2 + c] * (dp[nt][hh2 * 2 + c] - del);
-#else
-            dp[nt][hh2 * 2 + c] = s[nt][hh2 * 2 + c] * (dp[nt][hh2 * 2 + c] - del) * kScale;
-#endif
           }
         }
       }
@@ -1938,15 +1911,13 @@ extern "C" __global__ void __launch_bounds__(kcache::AttentionBwdDkdvThreads(KC_
 #if KC_BWD_WGMMA
   fence_regs(dk);  // the last wgmma_wait before any read
   fence_regs(dv);
-#if KC_BWD_LATE_SCALE
-  if constexpr (kWgSplit) {
+  if constexpr (kWgSplit) {  // dS left the softmax scale out: dK takes it once here
 #pragma unroll
     for (int i = 0; i < kDTQ; ++i) {
 #pragma unroll
       for (int j = 0; j < 4; ++j) dk[i][j] *= kScale;
     }
   }
-#endif
 #endif
   // dK and dV of this thread's two keys, in the dtype.
 #pragma unroll

@@ -71,11 +71,6 @@ static_assert(kcache::AttentionTilesLegal(kcache::AttentionTiles{KC_BLOCK_M, KC_
 static_assert(KC_CLASS_BLOCK_M > 0 && KC_BLOCK_M % KC_CLASS_BLOCK_M == 0,
               "tile classes must divide the forward's query tile");
 #endif
-// KC_FWD_UNIFORM_WG (measurement switch): the warpgroup index broadcast from lane 0,
-// so that the S wgmma's Q descriptor lives in uniform registers.
-#ifndef KC_FWD_UNIFORM_WG
-#define KC_FWD_UNIFORM_WG 0
-#endif
 #ifndef KC_EXPR_MASK_ROW  // outside the block above: KC_MASK_ROW_DATA reads it for every mask
 #define KC_EXPR_MASK_ROW 0
 #endif
@@ -1570,20 +1565,14 @@ extern "C" __global__ void __launch_bounds__(kcache::attn_fwd::kFwdThreadsAll)
   };
 
 #if KC_WGMMA_HEAD_DIMS
-#if KC_FWD_UNIFORM_WG
   // Broadcast from lane 0: ptxas then knows the warpgroup is warp-uniform and keeps
   // Q's descriptor in uniform registers, instead of rebuilding it in vector registers
   // and moving it over (R2UR) before every wgmma.
   const int wg_uniform = __shfl_sync(0xffffffffu, warp >> 2, 0);
-#endif
   // wgmma: S = Q K^T issued (not waited) for the tile in `stage`.
   auto qk_wgmma = [&](float(&s)[kMT][kNT][4], int stage) {
-#if KC_FWD_UNIFORM_WG
-    const unsigned q_wg = sQ + wg_uniform * (64 * 128);
-#else
     // Q rows of this warpgroup: [D/64][kBM][64] -> rows 64 * (warp / 4).
-    const unsigned q_wg = sQ + (warp >> 2) * (64 * 128);
-#endif
+    const unsigned q_wg = sQ + wg_uniform * (64 * 128);
     const unsigned long long dq0 = smem_desc(q_wg, 16, 1024);
     const unsigned long long dk0 = smem_desc(sK + stage * kKBytes, 16, 1024);
     wgmma_fence();
