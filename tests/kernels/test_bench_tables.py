@@ -1,4 +1,5 @@
-"""CPU test (CI): bench_attention's forward + backward table tells a failed check from none.
+"""CPU test (CI): bench_attention's forward + backward table tells a failed check from none;
+its interleaved rounds start each round one place further along.
 
 A kcache result whose errors exceed the bound, or are NaN against a reference, must print
 FAIL; a drafter case timed with --no-flex has no reference (SDPA cannot run its mask), so
@@ -72,9 +73,21 @@ def main():
     expect("no reference, portable path, marked '?': %r" % p, p.endswith("?"))
     expect("a result with no time (an error) stays FAIL: %r" % d, d == "FAIL")
     expect("the unchecked lines say why", text.count("not checked: no reference") == 2)
+    # round_times: each round starts one place further along, so that over len(timers)
+    # rounds every fn is timed once in each place of a round (no place favoured).
+    order = []
+    timers = [(k, k) for k in "abcd"]
+    per = bench.round_times(timers, 8, lambda fn: order.append(fn) or len(order))
+    expect("round_times times every fn once a round: %r" % order,
+           all(sorted(order[4 * r:4 * r + 4]) == list("abcd") for r in range(8)))
+    expect("round_times rotates the start: %r" % order,
+           [order[4 * r] for r in range(8)] == list("abcdabcd"))
+    expect("round_times keeps each fn's times in round order: %r" % per,
+           all(len(v) == 8 and v == sorted(v) and order[v[0] - 1] == k
+               for k, v in per.items()))
     for f in failures:
         print("FAIL", f)
-    print(text if failures else "bench_attention's backward table: %d checks passed" % checks)
+    print(text if failures else "bench_attention's checks (tables, rounds): %d passed" % checks)
     return 1 if failures else 0
 
 
