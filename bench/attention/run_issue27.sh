@@ -8,6 +8,11 @@
 #                                           SDPA FA2 and cuDNN (~130 s); then the drafter
 #                                           layer against a kcached started here (~250 s)
 #   bench/attention/run_issue27.sh layer    the layer alone
+#   bench/attention/run_issue27.sh ncu      Nsight Compute, --set full, one launch each of the
+#                                           causal D128 dK/dV (NCU_CASE: another of
+#                                           profile_fwd.py's cases) and of cuDNN's bprop: the
+#                                           details, the raw metrics and the SASS with its stall
+#                                           samples (~120 s)
 #   AB_DEFINES=KC_X=1 bench/attention/run_issue27.sh ab
 #                                           a forward measurement switch against the default:
 #                                           both timed in interleaved rounds on the drafter
@@ -25,13 +30,13 @@
 set -u
 cd "$(dirname "$0")/../.." || exit 1
 if (($# == 0)); then
-  echo "usage: run_issue27.sh PART... (suites, bench, layer, ab)" >&2
+  echo "usage: run_issue27.sh PART... (suites, bench, layer, ab, ncu)" >&2
   exit 2
 fi
 for part in "$@"; do
   case $part in
-    suites | bench | layer | ab) ;;
-    *) echo "unknown part: $part (suites, bench, layer or ab)" >&2; exit 2 ;;
+    suites | bench | layer | ab | ncu) ;;
+    *) echo "unknown part: $part (suites, bench, layer, ab or ncu)" >&2; exit 2 ;;
   esac
 done
 R=${OUT:-/tmp/kcache-issue27}
@@ -116,6 +121,30 @@ ab() {
   fi
 }
 
+ncu_one() {  # NAME KERNEL_REGEX SKIP COMMAND...: profile one launch, then three views of it
+  local name=$1 regex=$2 skip=$3 t0=$SECONDS
+  shift 3
+  timeout 240 ncu --clock-control none --set full --import-source no -k "regex:$regex" \
+    --launch-skip "$skip" --launch-count 1 -f -o "$work/$name" "$@" >"$work/$name-run.txt" 2>&1
+  echo "== ncu $name: rc $? ($((SECONDS - t0)) s)"
+  tail -n 3 "$work/$name-run.txt"
+  [[ -f $work/$name.ncu-rep ]] || return 1
+  ncu -i "$work/$name.ncu-rep" --page details >"$work/$name-details.txt" 2>&1
+  ncu -i "$work/$name.ncu-rep" --page raw --csv >"$work/$name-raw.csv" 2>&1
+  ncu -i "$work/$name.ncu-rep" --page source --csv --print-source sass >"$work/$name-sass.csv" 2>&1
+  grep -E "Duration|Warp Cycles Per Issued|Executed Instructions  |Registers Per|Issue Slots Busy" \
+    "$work/$name-details.txt"
+  rm -f "$work/$name.ncu-rep"  # the three views are what comes back
+}
+
+ncu_part() {
+  ncu_one dkdv kcache_attn_bwd_dkdv 2 python3 bench/attention/profile_fwd.py --backward \
+    "${NCU_CASE:-causal_d128}"
+  save
+  ncu_one cudnn flash_bprop 3 python3 bench/attention/kernel_times.py causal_d128 --reps 1
+  save
+}
+
 for part in "$@"; do
   work=/tmp/kcache-issue27-$part
   mkdir -p "$work"
@@ -124,5 +153,6 @@ for part in "$@"; do
     bench) bench; layer ;;
     layer) layer ;;
     ab) ab ;;
+    ncu) ncu_part ;;
   esac 2>&1 | tee -a "$R/$part.txt"
 done
