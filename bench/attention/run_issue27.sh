@@ -134,6 +134,8 @@ ncu_one() {  # NAME KERNEL_REGEX SKIP COMMAND...: profile one launch, then three
   ncu -i "$work/$name.ncu-rep" --page source --csv --print-source sass >"$work/$name-sass.csv" 2>&1
   grep -E "Duration|Warp Cycles Per Issued|Executed Instructions  |Registers Per|Issue Slots Busy" \
     "$work/$name-details.txt"
+  python3 bench/attention/ncu_sass.py "$work/$name-sass.csv" --top 30 >"$work/$name-stalls.txt" 2>&1
+  sed -n '/^reasons/,/^top/p' "$work/$name-stalls.txt" | head -n 45
   rm -f "$work/$name.ncu-rep"  # the three views are what comes back
 }
 
