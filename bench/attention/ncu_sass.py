@@ -49,8 +49,8 @@ def main():
         sys.exit(f"{args.csv}: no rows")
     cols = list(rows[0].keys())
     total_col = next((c for c in cols if "Samples" in c and "Not" not in c), None)
-    reason_cols = [c for c in cols if c != total_col and
-                   (c.startswith("stall_") or "Stall" in c or "Samples" in c)]
+    # Reasons: stall_* columns, counted over all samples (not the "(Not Issued)" copies).
+    reason_cols = [c for c in cols if c.startswith("stall_") and "Not Issued" not in c]
     print("columns:", ", ".join(cols))
     if total_col is None:
         sys.exit("no sample column")
