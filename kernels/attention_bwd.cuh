@@ -119,14 +119,6 @@ constexpr bool kWgSplit = kWg && KC_SCORE_MOD == KC_SCORE_NONE;
 // arrive of step it + 2 follows its sync on the other's barrier of step it + 1,
 // which follows the other's sync of step it).
 constexpr bool kSplitBar = kWg && !KC_DETERMINISTIC && kDQK == 128;
-// Measurement switch, default off. KC_BWD_DQ_AHEAD=1 (kSplitBar, no score
-// modification): dQ(it - 1) issued, then S^T(it) and dP^T(it) issued behind it
-// before dQ is waited and staged, so that the tensor pipe does not idle while
-// a warpgroup waits for its dQ and stages it.
-#ifndef KC_BWD_DQ_AHEAD
-#define KC_BWD_DQ_AHEAD 0
-#endif
-constexpr bool kDqAhead = kSplitBar && kWgSplit && KC_BWD_DQ_AHEAD;
 // kWg (not deterministic): the dQ of query step it is computed at the start
 // of step it + 1, right after that step's CTA barrier, which then also covers
 // dS^T(it) (kept in the second dS^T buffer): one CTA barrier per step instead
@@ -1465,21 +1457,21 @@ extern "C" __global__ void __launch_bounds__(kcache::AttentionBwdDkdvThreads(KC_
   // [key][query] is A read M-major (one 64-query block), K is B read N-major.
   // Waited, then staged in this warpgroup's half of sDq (free: bulk_wait_read
   // before the last CTA barrier) and handed on.
-  // Issued (one commit group), not waited.
-  auto wg_dq_issue = [&](int j, float(&qa)[8][4]) {
+  auto wg_dq = [&](int j, int hq, int m0) {
+    if (kDQK == 64 && wg != (j & 1)) return;
     constexpr int kDqK16 = kBN / 16;
     const unsigned b0 = sK + (kDQK == 128 ? wg * (kBN * 128) : 0);
     const unsigned long long da = smem_desc(sS + (j & 1) * kSB, 64 * 128, 1024);
     const unsigned long long db = smem_desc(b0, kBN * 128, 1024);
+    float qa[8][4];
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kDqK16; ++kk) {
       wgmma_ss_tt(qa, da + ((kk * 16 * 128) >> 4), db + ((kk * 16 * 128) >> 4), kk > 0 ? 1 : 0);
     }
     wgmma_commit();
-  };
-  // qa complete (waited): staged and handed on.
-  auto wg_dq_finish = [&](int hq, int m0, float(&qa)[8][4]) {
+    wgmma_wait<0>();
+    fence_regs(qa);
     const unsigned stage = sDq + wg * (kDqStage / 2);
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt) st_shared_v4(stage + dq_stage_off(wtid, nt), qa[nt]);
@@ -1509,14 +1501,6 @@ extern "C" __global__ void __launch_bounds__(kcache::AttentionBwdDkdvThreads(KC_
       dq_add_rows(tile + (kDQK == 128 ? 64 * wg : 0), stage + dq_stage_off(wtid, 0),
                   (warp & 3) * 16 + g, q_len - m0, t4);
     }
-  };
-  auto wg_dq = [&](int j, int hq, int m0) {
-    if (kDQK == 64 && wg != (j & 1)) return;
-    float qa[8][4];
-    wg_dq_issue(j, qa);
-    wgmma_wait<0>();
-    fence_regs(qa);
-    wg_dq_finish(hq, m0, qa);
   };
 #endif
 
@@ -1651,7 +1635,7 @@ extern "C" __global__ void __launch_bounds__(kcache::AttentionBwdDkdvThreads(KC_
     // kWgDqLag: dQ of the previous step, waited before this step's S^T and
     // dP^T are issued (issued ahead of them and stored while they ran: the
     // same time on dense masks, 7 % slower on the drafter's).
-    if (!kDqAhead && it > 0) wg_dq(it - 1, prev_hq, prev_m0);
+    if (it > 0) wg_dq(it - 1, prev_hq, prev_m0);
 #endif
 
     if constexpr (kWgSplit) {
@@ -1662,20 +1646,7 @@ extern "C" __global__ void __launch_bounds__(kcache::AttentionBwdDkdvThreads(KC_
       // elementwise work (masked P is exactly 0, so dS = P (dP - delta) needs
       // no second select).
       float s[kNT][4], dp[kNT][4];
-#if !KC_DETERMINISTIC
-      if (kDqAhead && it > 0) {  // dQ(it - 1), then S^T and dP^T behind it
-        float qa[8][4];
-        wg_dq_issue(it - 1, qa);
-        wg_sdp_issue(s, dp, q_s, o_s);
-        wgmma_wait<2>();
-        fence_regs(qa);
-        wg_dq_finish(prev_hq, prev_m0, qa);
-      } else {
-        wg_sdp_issue(s, dp, q_s, o_s);
-      }
-#else
       wg_sdp_issue(s, dp, q_s, o_s);
-#endif
       const float* lse_st = lse_s + st * kBM;
       const float* del_st = del_s + st * kBM;
       const int4* rd_st = rowdata + st * kBM;
