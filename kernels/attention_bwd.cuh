@@ -1505,15 +1505,22 @@ extern "C" __global__ void __launch_bounds__(kcache::AttentionBwdDkdvThreads(KC_
 #endif
 
 #if KC_BWD_WGMMA && !KC_DETERMINISTIC
-  // kSplitBar: this warpgroup's dS^T of step j stored (fenced for wgmma's reads),
-  // and the other's awaited.
+  // kSplitBar: this warpgroup's dS^T of step j stored (fenced for wgmma's reads).
   auto ds_bar_arrive = [&](int j) {
     if constexpr (kSplitBar) {
       fence_proxy_async();
       attn_fwd::named_bar_arrive(5 + 2 * wg + (j & 1), kThreads);
     }
   };
-  auto ds_bar_sync = [&](int j) { named_bar_sync(5 + 2 * (wg ^ 1) + (j & 1), kThreads); };
+  // Before dQ(j) reads both warpgroups' dS^T(j): kSplitBar, the other's arrive;
+  // otherwise the compute warps' barrier.
+  auto ds_bar_sync = [&](int j) {
+    if constexpr (kSplitBar) {
+      named_bar_sync(5 + 2 * (wg ^ 1) + (j & 1), kThreads);
+    } else {
+      named_bar_sync(1, kThreads);
+    }
+  };
 #endif
   float dk[kDTQ][4];
   float dv[kDTV][4];
@@ -1909,12 +1916,7 @@ extern "C" __global__ void __launch_bounds__(kcache::AttentionBwdDkdvThreads(KC_
   if (n_items > 0) {  // the last step's dQ
     fence_proxy_async();
     if (wtid < 32) bulk_wait_read();
-    // its dS^T complete (kProducer: compute warps only)
-    if constexpr (kSplitBar) {
-      ds_bar_sync(n_items - 1);
-    } else {
-      named_bar_sync(1, kThreads);
-    }
+    ds_bar_sync(n_items - 1);  // its dS^T complete (kProducer: compute warps only)
     wg_dq(n_items - 1, prev_hq, prev_m0);
   }
   if (wtid < 32) bulk_wait_all();  // sDq read before the CTA's shared memory goes

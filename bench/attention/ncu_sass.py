@@ -6,8 +6,8 @@
 Prints the sampled stall reasons summed over the kernel, the opcodes that hold the most
 samples, and the instructions that hold the most, each with its leading reasons. The CSV's
 columns differ between Nsight Compute versions, so they are found by name: the SASS text
-("Source"), the address, and the sample counts (every column whose name says "Samples", or
-names a stall reason).
+("Source"), the address, the sample count (the first "... Samples" column that is not the
+"Not-issued" one) and the stall reasons ("stall_*", without their "(Not Issued)" copies).
 """
 import argparse
 import collections
