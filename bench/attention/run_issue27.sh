@@ -9,10 +9,11 @@
 #                                           layer against a kcached started here (~250 s)
 #   bench/attention/run_issue27.sh layer    the layer alone
 #   bench/attention/run_issue27.sh ncu      Nsight Compute, --set full, one launch each of the
-#                                           causal D128 dK/dV (NCU_CASE: another of
-#                                           profile_fwd.py's cases) and of cuDNN's bprop: the
-#                                           details, the raw metrics and the SASS with its stall
-#                                           samples (~120 s)
+#                                           causal D128 dK/dV (NCU_CASE: another dense case of
+#                                           kernel_times.py) and of cuDNN's bprop (NCU_PASS=fwd:
+#                                           the forwards instead; both: all four): the details,
+#                                           the raw metrics and the SASS with its stall samples
+#                                           (~120 s a pass)
 #   AB_DEFINES=KC_X=1 bench/attention/run_issue27.sh ab
 #                                           a forward measurement switch against the default:
 #                                           both timed in interleaved rounds on the drafter
@@ -139,12 +140,20 @@ ncu_one() {  # NAME KERNEL_REGEX SKIP COMMAND...: profile one launch, then three
   rm -f "$work/$name.ncu-rep"  # the three views are what comes back
 }
 
-ncu_part() {
-  ncu_one dkdv kcache_attn_bwd_dkdv 2 python3 bench/attention/profile_fwd.py --backward \
-    "${NCU_CASE:-causal_d128}"
-  save
-  ncu_one cudnn flash_bprop 3 python3 bench/attention/kernel_times.py causal_d128 --reps 1
-  save
+ncu_part() {  # NCU_PASS: fwd, bwd or both (default bwd)
+  local case=${NCU_CASE:-causal_d128} pass=${NCU_PASS:-bwd}
+  if [[ $pass != bwd ]]; then
+    ncu_one fwd kcache_attn_fwd 2 python3 bench/attention/profile_fwd.py "$case"
+    save
+    ncu_one cudnn-fwd flash_fprop 3 python3 bench/attention/kernel_times.py "$case" --reps 1
+    save
+  fi
+  if [[ $pass != fwd ]]; then
+    ncu_one dkdv kcache_attn_bwd_dkdv 2 python3 bench/attention/profile_fwd.py --backward "$case"
+    save
+    ncu_one cudnn flash_bprop 3 python3 bench/attention/kernel_times.py "$case" --reps 1
+    save
+  fi
 }
 
 for part in "$@"; do
