@@ -119,6 +119,13 @@ constexpr bool kWgSplit = kWg && KC_SCORE_MOD == KC_SCORE_NONE;
 // arrive of step it + 2 follows its sync on the other's barrier of step it + 1,
 // which follows the other's sync of step it).
 constexpr bool kSplitBar = kWg && !KC_DETERMINISTIC && kDQK == 128;
+// kWgSplit: a step's LSEs are read from shared memory before S^T is waited,
+// not after it, where ~6 % of the no-mask dK/dV's stall samples sat on the
+// multiplies waiting for those loads (ncu, H100). dK/dV on an H100: causal B4
+// H32 S4096 D128 2.77-2.89 -> 2.47-2.56 ms, no mask 5.39-5.61 -> 5.10-5.20. Not
+// where rows carry data (drafter, document: the 16 registers spill there, sorted
+// drafter +1..+7 %), at head dim 64 (1.04 -> 1.05) or deterministic (not timed).
+constexpr bool kLseEarly = kWg && !KC_DETERMINISTIC && kDQK == 128 && !KC_MASK_ROW_DATA;
 // kWg (not deterministic): the dQ of query step it is computed at the start
 // of step it + 1, right after that step's CTA barrier, which then also covers
 // dS^T(it) (kept in the second dS^T buffer): one CTA barrier per step instead
@@ -1657,6 +1664,15 @@ extern "C" __global__ void __launch_bounds__(kcache::AttentionBwdDkdvThreads(KC_
       const float* lse_st = lse_s + st * kBM;
       const float* del_st = del_s + st * kBM;
       const int4* rd_st = rowdata + st * kBM;
+      // kLseEarly: this thread's 2 kNT log2-domain LSEs read while S^T runs.
+      float l2s[kLseEarly ? kNT : 1][2];
+      if constexpr (kLseEarly) {
+#pragma unroll
+        for (int nt = 0; nt < kNT; ++nt) {
+#pragma unroll
+          for (int c = 0; c < 2; ++c) l2s[nt][c] = lse_st[nt * 8 + 2 * t4 + c] * kLog2e;
+        }
+      }
       wgmma_wait<1>();  // S^T
       fence_regs(s);
 #pragma unroll
@@ -1669,7 +1685,7 @@ extern "C" __global__ void __launch_bounds__(kcache::AttentionBwdDkdvThreads(KC_
             const int qi = nt * 8 + 2 * t4 + c;
             // lse_log2 without its -inf test: a row whose LSE is -inf saw no key, so
             // each of its elements is invisible and the select below drops its P (+inf).
-            const float l2 = lse_st[qi] * kLog2e;
+            const float l2 = kLseEarly ? l2s[kLseEarly ? nt : 0][c] : lse_st[qi] * kLog2e;
             int4 rd = make_int4(0, 0, 0, 0);
             if constexpr (kRowData) rd = rd_st[qi];
 #pragma unroll
