@@ -40,6 +40,10 @@ for part in "$@"; do
     *) echo "unknown part: $part (suites, bench, layer, ab or ncu)" >&2; exit 2 ;;
   esac
 done
+case ${NCU_PASS:-bwd} in  # checked here, before a device call spends time on other parts
+  fwd | bwd | both) ;;
+  *) echo "unknown NCU_PASS: $NCU_PASS (fwd, bwd or both)" >&2; exit 2 ;;
+esac
 R=${OUT:-/tmp/kcache-issue27}
 mkdir -p "$R"
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-} PYTHONUNBUFFERED=1
@@ -140,7 +144,7 @@ ncu_one() {  # NAME KERNEL_REGEX SKIP COMMAND...: profile one launch, then three
   rm -f "$work/$name.ncu-rep"  # the three views are what comes back
 }
 
-ncu_part() {  # NCU_PASS: fwd, bwd or both (default bwd)
+ncu_part() {  # NCU_PASS: fwd, bwd or both (default bwd; checked above)
   local case=${NCU_CASE:-causal_d128} pass=${NCU_PASS:-bwd}
   if [[ $pass != bwd ]]; then
     ncu_one fwd kcache_attn_fwd 2 python3 bench/attention/profile_fwd.py "$case"
