@@ -9,8 +9,9 @@
 #                                           layer against a kcached started here (~250 s)
 #   bench/attention/run_issue27.sh layer    the layer alone
 #   bench/attention/run_issue27.sh ncu      Nsight Compute, --set full, one launch each of the
-#                                           causal D128 dK/dV (NCU_CASE: another dense case of
-#                                           kernel_times.py) and of cuDNN's bprop (NCU_PASS=fwd:
+#                                           causal D128 dK/dV (NCU_CASE: another case of
+#                                           profile_fwd.py; cuDNN only beside the dense ones)
+#                                           and of cuDNN's bprop (NCU_PASS=fwd:
 #                                           the forwards instead; both: all four): the details,
 #                                           the raw metrics and the SASS with its stall samples
 #                                           (~120 s a pass)
@@ -145,24 +146,33 @@ ncu_one() {  # NAME KERNEL_REGEX SKIP COMMAND...: profile one launch, then three
 }
 
 ncu_part() {  # NCU_PASS: fwd, bwd or both (default bwd; checked above)
-  local case=${NCU_CASE:-causal_d128} pass=${NCU_PASS:-bwd}
+  local case=${NCU_CASE:-causal_d128} pass=${NCU_PASS:-bwd} cudnn=1
+  # cuDNN beside the dense cases only (kernel_times.py's); the drafter and expression cases
+  # of profile_fwd.py have no cuDNN counterpart.
+  case $case in drafter_* | *_expr) cudnn=0 ;; esac
   if [[ $pass != bwd ]]; then
     ncu_one fwd kcache_attn_fwd 2 python3 bench/attention/profile_fwd.py "$case"
     save
-    ncu_one cudnn-fwd flash_fprop 3 python3 bench/attention/kernel_times.py "$case" --reps 1
-    save
+    if ((cudnn)); then
+      ncu_one cudnn-fwd flash_fprop 3 python3 bench/attention/kernel_times.py "$case" --reps 1
+      save
+    fi
   fi
   if [[ $pass != fwd ]]; then
     ncu_one dkdv kcache_attn_bwd_dkdv 2 python3 bench/attention/profile_fwd.py --backward "$case"
     save
-    ncu_one cudnn flash_bprop 3 python3 bench/attention/kernel_times.py "$case" --reps 1
-    save
+    if ((cudnn)); then
+      ncu_one cudnn flash_bprop 3 python3 bench/attention/kernel_times.py "$case" --reps 1
+      save
+    fi
   fi
 }
 
 for part in "$@"; do
   work=/tmp/kcache-issue27-$part
-  mkdir -p "$work"
+  # Emptied first: a machine kept warm (or reused) holds an earlier call's files, which
+  # save would otherwise pack beside this call's.
+  rm -rf "$work" && mkdir -p "$work"
   case $part in
     suites) suites ;;
     bench) bench; layer ;;
