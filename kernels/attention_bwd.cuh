@@ -1193,9 +1193,27 @@ extern "C" __global__ void __launch_bounds__(kcache::AttentionBwdDkdvThreads(KC_
   // to +4 %. The wgmma builds only, where it was measured: the portable
   // kernels' registers (255, some spilling) moved with it.
   const bool heads_inner = kWg && group > 1;
-  auto item_of = [&](int it, int& hh, int& qt, int& cls) {
+  // The walk's position. The wgmma build's item it is (outer, inner) = (it /
+  // group, it % group): with heads inner, the list position from the end and
+  // the head; with one head per key head, (it, 0). Kept as counters (walk_next)
+  // because a division per step put the software division's ~25 dependent
+  // instructions (I2F, MUFU.RCP, F2I, fix-ups) between each step's CTA barrier
+  // and its first wgmma. The portable build divides it as before.
+  struct WalkPos {
+    int it, outer, inner;
+  };
+  auto walk_next = [&](WalkPos w) {
+    ++w.it;
+    if (++w.inner == group) {
+      w.inner = 0;
+      ++w.outer;
+    }
+    return w;
+  };
+  auto item_of = [&](const WalkPos& w, int& hh, int& qt, int& cls) {
+    const int it = w.it;
     if (use_list) {
-      const int pos = heads_inner ? count - 1 - it / group : it % count;
+      const int pos = !kWg ? it % count : heads_inner ? count - 1 - w.outer : w.outer;
       const unsigned e = list[KC_MASK == KC_MASK_EXPR ? it : pos];
       const int idx = static_cast<int>(e & 0x3fffffffu);
       cls = static_cast<int>(e >> 30);
@@ -1203,13 +1221,13 @@ extern "C" __global__ void __launch_bounds__(kcache::AttentionBwdDkdvThreads(KC_
         hh = idx / n_q_tiles;
         qt = idx % n_q_tiles;
       } else {
-        hh = heads_inner ? it % group : it / count;
+        hh = kWg ? w.inner : it / count;
         qt = idx;
       }
     } else {
       const int nr = qt_hi - qt_lo;
-      hh = heads_inner ? it % group : it / nr;
-      qt = heads_inner ? qt_hi - 1 - it / group : qt_lo + it % nr;
+      hh = kWg ? w.inner : it / nr;
+      qt = !kWg ? qt_lo + it % nr : heads_inner ? qt_hi - 1 - w.outer : qt_lo + w.outer;
       cls = kListMask ? 1 : classify_pair(p, b, qt * kBM, kBM, n0, kBN, q_len, kv_len, off);
     }
   };
@@ -1222,9 +1240,9 @@ extern "C" __global__ void __launch_bounds__(kcache::AttentionBwdDkdvThreads(KC_
     const elem_t* qg;
     const elem_t* og;
   };
-  auto step_src = [&](int it) -> StepSrc {
+  auto step_src = [&](const WalkPos& w) -> StepSrc {
     int hh, qt, cls;
-    item_of(it, hh, qt, cls);
+    item_of(w, hh, qt, cls);
     const int hq = hkv * group + hh;
     return {qt, hq, qt * kBM,
             static_cast<const elem_t*>(p.q) + b * p.q_stride_b + hq * p.q_stride_h,
@@ -1240,8 +1258,8 @@ extern "C" __global__ void __launch_bounds__(kcache::AttentionBwdDkdvThreads(KC_
     cp_async4(sDel + (st * kBM + r) * 4, ok ? d : p.delta, ok);
     return q;
   };
-  auto prefetch = [&](int it, int st) {
-    const StepSrc src = step_src(it);
+  auto prefetch = [&](const WalkPos& w, int st) {
+    const StepSrc src = step_src(w);
     const int qt = src.qt;
     if (kBwdDrafterSort && permute) {  // whole blocks, every row below q_len
       auto run_row = [&](int j) { return q_run(qt, j); };
@@ -1269,11 +1287,11 @@ extern "C" __global__ void __launch_bounds__(kcache::AttentionBwdDkdvThreads(KC_
 #endif
 
   if (n_items > 0 && !kProducer) {
-    prefetch(0, 0);
+    prefetch(WalkPos{0, 0, 0}, 0);
     if constexpr (kRowData) {
       if (tid < kBM) {
         int hh, qt, cls;
-        item_of(0, hh, qt, cls);
+        item_of(WalkPos{0, 0, 0}, hh, qt, cls);
         const int q = q_row(qt, tid);
         rowdata[tid] = row_data(p, q, row_raw(p, b, hkv * group + hh, q));
       }
@@ -1564,10 +1582,11 @@ extern "C" __global__ void __launch_bounds__(kcache::AttentionBwdDkdvThreads(KC_
   if (producer) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
     const int ptid = tid_real - kThreads;
-    for (int it = 0; it < n_items; ++it) {
+    for (WalkPos w{0, 0, 0}; w.it < n_items; w = walk_next(w)) {
+      const int it = w.it;
       const int st = it & 1;
       if (it >= 2) attn_fwd::mbar_wait(bar_empty + 8 * st, ((it >> 1) - 1) & 1);
-      const StepSrc src = step_src(it);
+      const StepSrc src = step_src(w);
       const int qt = src.qt;
       const unsigned qd = sQ + st * (kQB + kOB), od = qd + kQB;
       // The copies of prefetch (above) by this warpgroup's threads.
@@ -1597,7 +1616,8 @@ extern "C" __global__ void __launch_bounds__(kcache::AttentionBwdDkdvThreads(KC_
   }
   asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
 #endif
-  for (int it = 0; it < n_items; ++it) {
+  for (WalkPos w{0, 0, 0}; w.it < n_items; w = walk_next(w)) {
+    const int it = w.it;
     const int st = it & 1;
     cp_async_wait<0>();
 #if KC_BWD_WGMMA
@@ -1622,11 +1642,11 @@ extern "C" __global__ void __launch_bounds__(kcache::AttentionBwdDkdvThreads(KC_
     RowRaw next_raw{0, 0, make_int4(0, 0, 0, 0)};
     int next_q = 0;
     if (!kProducer && it + 1 < n_items) {
-      prefetch(it + 1, st ^ 1);
+      prefetch(walk_next(w), st ^ 1);
       if constexpr (kRowData) {
         if (tid < kBM) {
           int hh, qt, cls;
-          item_of(it + 1, hh, qt, cls);
+          item_of(walk_next(w), hh, qt, cls);
           next_q = q_row(qt, tid);
           next_raw = row_raw(p, b, hkv * group + hh, next_q);
         }
@@ -1635,7 +1655,7 @@ extern "C" __global__ void __launch_bounds__(kcache::AttentionBwdDkdvThreads(KC_
     cp_async_commit();
 
     int hh, qt, cls;
-    item_of(it, hh, qt, cls);
+    item_of(w, hh, qt, cls);
     const int hq = hkv * group + hh;
     const int m0 = qt * kBM;
     const unsigned q_s = sQ + st * (kQB + kOB);
