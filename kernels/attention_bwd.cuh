@@ -1642,11 +1642,12 @@ extern "C" __global__ void __launch_bounds__(kcache::AttentionBwdDkdvThreads(KC_
     RowRaw next_raw{0, 0, make_int4(0, 0, 0, 0)};
     int next_q = 0;
     if (!kProducer && it + 1 < n_items) {
-      prefetch(walk_next(w), st ^ 1);
+      const WalkPos next = walk_next(w);
+      prefetch(next, st ^ 1);
       if constexpr (kRowData) {
         if (tid < kBM) {
           int hh, qt, cls;
-          item_of(walk_next(w), hh, qt, cls);
+          item_of(next, hh, qt, cls);
           next_q = q_row(qt, tid);
           next_raw = row_raw(p, b, hkv * group + hh, next_q);
         }
