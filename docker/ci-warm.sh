@@ -31,13 +31,28 @@ trap cleanup EXIT
   --socket_path="$work/kcached.sock" 2>"$work/kcached.log" &
 daemon=$!
 kcache=("${bin}kcache" --socket "$work/kcached.sock")
-# Each attempt waits up to 3 s for the socket to answer.
-for _ in $(seq 20); do
-  if "${kcache[@]}" status >/dev/null 2>&1; then break; fi
+# Wait for the daemon to answer, up to ~60 s. An attempt fails at once while
+# the socket does not exist yet (a loaded CI machine can take seconds to open
+# the store), so the loop sleeps between attempts rather than relying on the
+# client's own 3 s connect wait.
+ready=
+deadline=$((SECONDS + 60))
+while ((SECONDS < deadline)); do
+  if "${kcache[@]}" status >/dev/null 2>&1; then
+    ready=1
+    break
+  fi
   if ! kill -0 "$daemon" 2>/dev/null; then
+    echo "$0: kcached exited before answering; its log:" >&2
     cat "$work/kcached.log" >&2
     exit 3
   fi
+  sleep 0.5
 done
+if [[ -z $ready ]]; then
+  echo "$0: kcached did not answer on $work/kcached.sock within 60 s; its log:" >&2
+  cat "$work/kcached.log" >&2
+  exit 3
+fi
 "${kcache[@]}" warm "$manifest"
 "${kcache[@]}" export --out "$bundle"
