@@ -1164,9 +1164,6 @@ extern "C" __global__ void __launch_bounds__(kcache::attn_fwd::kFwdThreadsAll)
     }
 
   // Per-lane ldmatrix addressing. Row r's swizzle key is r & 7, which is
-  // lane & 7 for every fragment below; chunk offsets for the four possible
-  // values of (2 * k) & 7 are precomputed.
-  // Per-lane ldmatrix addressing. Row r's swizzle key is r & 7, which is
   // lane & 7 for every fragment below, so chunk c of a lane's row sits at
   // ((c ^ (lane & 7)) << 4) = (c << 4) ^ key: one XOR with a constant per use.
   const int l7 = lane & 7;
