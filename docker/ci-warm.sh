@@ -35,24 +35,16 @@ kcache=("${bin}kcache" --socket "$work/kcached.sock")
 # the socket does not exist yet (a loaded CI machine can take seconds to open
 # the store), so the loop sleeps between attempts rather than relying on the
 # client's own 3 s connect wait.
-ready=
-deadline=$((SECONDS + 60))
-while ((SECONDS < deadline)); do
-  if "${kcache[@]}" status >/dev/null 2>&1; then
-    ready=1
-    break
-  fi
-  if ! kill -0 "$daemon" 2>/dev/null; then
-    echo "$0: kcached exited before answering; its log:" >&2
-    cat "$work/kcached.log" >&2
-    exit 3
-  fi
-  sleep 0.5
-done
-if [[ -z $ready ]]; then
-  echo "$0: kcached did not answer on $work/kcached.sock within 60 s; its log:" >&2
+no_daemon() {
+  echo "$0: kcached $1; its log:" >&2
   cat "$work/kcached.log" >&2
   exit 3
-fi
+}
+deadline=$((SECONDS + 60))
+until "${kcache[@]}" status >/dev/null 2>&1; do
+  kill -0 "$daemon" 2>/dev/null || no_daemon "exited before answering"
+  ((SECONDS < deadline)) || no_daemon "did not answer on $work/kcached.sock within 60 s"
+  sleep 0.5
+done
 "${kcache[@]}" warm "$manifest"
 "${kcache[@]}" export --out "$bundle"
